@@ -1,0 +1,15 @@
+"""SGLang 0.5.23's memory machinery, one class per SGLang concept, over numpy (simulation) or torch (device)."""
+
+from pools.allocator import MambaSlotAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, PoolError
+from pools.kv_cache import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool
+from pools.mamba_pool import MambaCacheParams, MambaPool, MambaStateShape
+from pools.req_to_token_pool import HybridReqToTokenPool, ReqToTokenPool
+
+__all__ = [
+    "ReqToTokenPool", "HybridReqToTokenPool",
+    "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "MambaSlotAllocator",
+    "MHATokenToKVPool", "MLATokenToKVPool", "HybridLinearKVPool",
+    "MambaPool", "MambaStateShape", "MambaCacheParams",
+    "PoolError", "DoubleFreeError", "OutOfMemoryError", "MambaCapacityError",
+]

@@ -1,0 +1,106 @@
+"""The array backend the pool bookkeeping is written over: numpy for the simulator, torch for a device.
+
+Every pool takes ``device``: ``None`` selects numpy (no torch import anywhere); any torch device
+string (``"cpu"``, ``"cuda"``, ``"cuda:1"``) selects torch. The pools call only the handful of
+operations below, so both backends run the same index logic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class NumpyBackend:
+    name = "numpy"
+    device = None
+    int_dtype = np.int64
+
+    def asarray(self, x: Any) -> np.ndarray:
+        if hasattr(x, "detach"):  # a torch tensor handed to a numpy pool
+            x = x.detach().cpu().numpy()
+        return np.asarray(x, dtype=np.int64).reshape(-1)
+
+    def arange(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(start, stop, dtype=np.int64)
+
+    def empty(self) -> np.ndarray:
+        return np.empty(0, dtype=np.int64)
+
+    def cat(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else self.empty()
+
+    def unique(self, x: np.ndarray) -> np.ndarray:
+        return np.unique(x)  # sorted ascending, as torch.unique
+
+    def sort(self, x: np.ndarray) -> np.ndarray:
+        return np.sort(x, kind="stable")
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=np.int64).reshape(-1)
+
+    def zeros_int32(self, shape: tuple[int, ...]) -> np.ndarray:
+        # np.zeros maps zero pages lazily, so a [rows, 1M] table costs only the rows touched.
+        return np.zeros(shape, dtype=np.int32)
+
+
+class TorchBackend:
+    name = "torch"
+    int_dtype = None
+
+    def __init__(self, device: str):
+        import torch  # only the torch backend needs torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.int_dtype = torch.int64
+
+    def asarray(self, x: Any):
+        t = self.torch
+        if isinstance(x, t.Tensor):
+            return x.to(device=self.device, dtype=t.int64).reshape(-1)
+        return t.as_tensor(np.asarray(x, dtype=np.int64).reshape(-1), device=self.device)
+
+    def arange(self, start: int, stop: int):
+        return self.torch.arange(start, stop, dtype=self.torch.int64, device=self.device)
+
+    def empty(self):
+        return self.torch.empty((0,), dtype=self.torch.int64, device=self.device)
+
+    def cat(self, parts):
+        if len(parts) == 1:
+            return parts[0]
+        return self.torch.cat(list(parts)) if parts else self.empty()
+
+    def unique(self, x):
+        return self.torch.unique(x)
+
+    def sort(self, x):
+        return self.torch.sort(x, stable=True).values
+
+    def copy(self, x):
+        return x.clone()
+
+    def to_numpy(self, x) -> np.ndarray:
+        if isinstance(x, self.torch.Tensor):
+            return x.detach().cpu().numpy().astype(np.int64).reshape(-1)
+        return np.asarray(x, dtype=np.int64).reshape(-1)
+
+    def zeros_int32(self, shape):
+        return self.torch.zeros(shape, dtype=self.torch.int32, device=self.device)
+
+
+NUMPY = NumpyBackend()
+
+
+def get_backend(device: str | None):
+    """``None`` -> numpy; a torch device string -> torch on that device."""
+    if device is None or device == "numpy":
+        return NUMPY
+    return TorchBackend(device)

@@ -1,0 +1,127 @@
+"""A free list stored as a deque of segments, plus a free/used mask that catches misuse.
+
+SGLang keeps its free lists as one tensor and rebuilds it with ``torch.cat`` on every free,
+which is O(pool) per call. The sequence of ids is what matters for fidelity, not its storage,
+so here it is a deque of arrays: taking ``n`` ids from the head or adding ids at either end
+costs O(n), whatever the pool size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from pools.errors import DoubleFreeError, PoolError
+
+_CONSOLIDATE_AT = 512  # segments; merging them then keeps take() from walking thousands of tiny arrays
+
+
+class FreeList:
+    def __init__(self, xp, capacity: int, what: str):
+        self.xp = xp
+        self.capacity = capacity  # ids 1..capacity; id 0 is the reserved padding slot/page
+        self.what = what
+        self.reset()
+
+    def reset(self) -> None:
+        self._segs: deque = deque()
+        self._len = 0
+        self._free_mask = np.zeros(self.capacity + 1, dtype=bool)
+        if self.capacity > 0:
+            self._segs.append(self.xp.arange(1, self.capacity + 1))
+            self._len = self.capacity
+            self._free_mask[1:] = True
+
+    def __len__(self) -> int:
+        return self._len
+
+    def take(self, n: int):
+        """Remove and return the first ``n`` ids (caller checked ``n <= len``)."""
+        if n <= 0:
+            return self.xp.empty()
+        parts, need = [], n
+        while need:
+            seg = self._segs[0]
+            if len(seg) <= need:
+                parts.append(seg)
+                self._segs.popleft()
+                need -= len(seg)
+            else:
+                parts.append(seg[:need])
+                self._segs[0] = seg[need:]
+                need = 0
+        self._len -= n
+        out = self.xp.cat(parts)
+        self._mark(out, free=False)
+        return out
+
+    def peek(self, n: int):
+        """The first ``n`` ids without removing them."""
+        parts, need = [], n
+        for seg in self._segs:
+            if need <= 0:
+                break
+            parts.append(seg[:need])
+            need -= len(seg)
+        return self.xp.cat(parts) if parts else self.xp.empty()
+
+    def push_back(self, ids) -> None:
+        self._add(ids, front=False)
+
+    def push_front(self, ids) -> None:
+        self._add(ids, front=True)
+
+    def to_array(self):
+        return self.xp.cat(list(self._segs)) if self._segs else self.xp.empty()
+
+    def replace(self, ids) -> None:
+        """Replace the whole sequence (after a merge-and-sort); ids must already be marked free."""
+        self._segs = deque([ids]) if len(ids) else deque()
+        self._len = len(ids)
+
+    def mark_free(self, ids) -> None:
+        """Mark ids free that are held elsewhere (staged pages), checking for double frees."""
+        self.check_freeable(ids)
+        self._mark(ids, free=True)
+
+    def check_freeable(self, ids) -> np.ndarray:
+        host = self.xp.to_numpy(ids)
+        if host.size == 0:
+            return host
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 1 or hi > self.capacity:
+            bad = lo if lo < 1 else hi
+            if bad == 0:
+                raise PoolError(f"freeing {self.what} 0, the reserved padding {self.what}")
+            raise PoolError(f"freeing {self.what} {bad} outside 1..{self.capacity}")
+        if self._free_mask[host].any() or len(np.unique(host)) != host.size:
+            dup = host[self._free_mask[host]]
+            which = int(dup[0]) if dup.size else int(np.argmax(np.bincount(host)))
+            raise DoubleFreeError(f"double free of {self.what} {which}")
+        return host
+
+    def is_free(self, ids) -> np.ndarray:
+        return self._free_mask[self.xp.to_numpy(ids)]
+
+    def num_marked_free(self) -> int:
+        return int(self._free_mask.sum())
+
+    def _add(self, ids, front: bool) -> None:
+        n = len(ids)
+        if n == 0:
+            return
+        self.check_freeable(ids)
+        self._mark(ids, free=True)
+        ids = self.xp.copy(ids)  # the caller may reuse its array; SGLang clones for the same reason
+        if front:
+            self._segs.appendleft(ids)
+        else:
+            self._segs.append(ids)
+        self._len += n
+        if len(self._segs) > _CONSOLIDATE_AT:
+            self._segs = deque([self.xp.cat(list(self._segs))])
+
+    def _mark(self, ids, free: bool) -> None:
+        if len(ids):
+            self._free_mask[self.xp.to_numpy(ids)] = free

@@ -1,0 +1,123 @@
+"""Request rows: ``req_to_token[row, pos]`` is the KV slot of token ``pos`` of the request on ``row``.
+
+``ReqToTokenPool`` (``memory_pool.py``): row 0 is padding; ``free_slots`` is a list handed out
+LIFO from its tail, freed rows are appended. ``HybridReqToTokenPool`` adds one mamba state slot
+per request and the row -> slot mapping.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pools.backend import get_backend
+from pools.errors import DoubleFreeError, MambaCapacityError, PoolError
+from pools.mamba_pool import MambaCacheParams, MambaPool
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device: str | None = None):
+        if size < 0 or max_context_len < 1:
+            raise PoolError(f"ReqToTokenPool needs size >= 0 and max_context_len >= 1, got {size}, {max_context_len}")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        self.xp = get_backend(device)
+        self.req_to_token = self.xp.zeros_int32((size + 1, max_context_len))
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_slots: list[int] = list(range(1, self.size + 1))
+        self._row_free = np.ones(self.size + 1, dtype=bool)
+        self._row_free[0] = False
+
+    def table_bytes(self) -> int:
+        return (self.size + 1) * self.max_context_len * 4
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc_rows(self, need_size: int) -> list[int] | None:
+        if need_size < 0:
+            raise PoolError(f"alloc_rows of a negative count {need_size}")
+        if need_size > len(self.free_slots):
+            return None
+        if need_size == 0:
+            return []
+        rows = self.free_slots[-need_size:]
+        del self.free_slots[-need_size:]
+        self._row_free[rows] = False
+        return rows
+
+    def free_rows(self, rows) -> None:
+        rows = [int(r) for r in rows]
+        for r in rows:
+            if r == 0:
+                raise PoolError("freeing request row 0, the padding row")
+            if not 0 < r <= self.size:
+                raise PoolError(f"freeing request row {r} outside 1..{self.size}")
+            if self._row_free[r]:
+                raise DoubleFreeError(f"double free of request row {r}")
+            self._row_free[r] = True
+        self.free_slots.extend(rows)
+
+    def write(self, indices, values) -> None:
+        """``req_to_token[indices] = values``; ``indices`` may be ``(row, slice)`` as in SGLang."""
+        if isinstance(indices, tuple) and isinstance(indices[1], slice):
+            row, sl = indices
+            if sl.stop is not None and sl.stop > self.max_context_len:
+                raise PoolError(f"write past max_context_len {self.max_context_len} (to position {sl.stop})")
+        if self.xp.name == "torch":
+            values = self.xp.asarray(values).to(self.req_to_token.dtype)
+        self.req_to_token[indices] = values
+
+    def check_integrity(self) -> None:
+        free = self.free_slots
+        if len(set(free)) != len(free):
+            raise PoolError("a request row is on the free list twice")
+        if any(not 0 < r <= self.size for r in free):
+            raise PoolError("the request-row free list holds row 0 or a row out of range")
+        if int(self._row_free.sum()) != len(free):
+            raise PoolError("request-row free list and row ownership disagree")
+
+
+class HybridReqToTokenPool(ReqToTokenPool):
+    """Request rows plus one mamba state slot per request (``mamba_size`` usable slots)."""
+
+    def __init__(self, size: int, max_context_len: int, mamba_size: int, cache_params: MambaCacheParams,
+                 device: str | None = None):
+        super().__init__(size, max_context_len, device)
+        self.mamba_pool = MambaPool(mamba_size, cache_params, device)
+        self.mamba_allocator = self.mamba_pool.allocator
+        self.req_index_to_mamba_index_mapping = np.zeros(size + 1, dtype=np.int64)
+
+    def alloc_rows_with_mamba(self, num_rows: int, mamba_slots: list[int | None]) -> tuple[list[int], list[int]] | None:
+        """Rows for ``num_rows`` requests; each entry of ``mamba_slots`` that is None gets a fresh slot.
+
+        Mirrors ``HybridReqToTokenPool.alloc``: rows first (None when short), then a slot for every
+        request that does not already hold one; a slot shortage is SGLang's assert.
+        """
+        rows = self.alloc_rows(num_rows)
+        if rows is None:
+            return None
+        slots = []
+        for held in mamba_slots:
+            if held is None:
+                got = self.mamba_allocator.alloc(1)
+                if got is None:
+                    raise MambaCapacityError(
+                        "Not enough space for mamba cache, try to increase --mamba-full-memory-ratio or "
+                        f"--max-mamba-cache-size (size {self.mamba_pool.size}, free 0)")
+                held = int(self.xp.to_numpy(got)[0])
+            slots.append(held)
+        self.req_index_to_mamba_index_mapping[rows] = slots
+        return rows, slots
+
+    def get_mamba_indices(self, rows) -> np.ndarray:
+        return self.req_index_to_mamba_index_mapping[np.asarray(rows, dtype=np.int64)]
+
+    def free_mamba_slot(self, slot: int) -> None:
+        self.mamba_allocator.free([slot])
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        self.mamba_pool.check_integrity()

@@ -1,0 +1,181 @@
+"""Request rows, mamba slots and KV storage sizes, from SGLANG_SPEC.md sections 1, 2.4, 3 and 7."""
+
+import pytest
+
+from pools import (
+    DoubleFreeError,
+    HybridLinearKVPool,
+    HybridReqToTokenPool,
+    MambaCacheParams,
+    MambaCapacityError,
+    MambaPool,
+    MambaSlotAllocator,
+    MambaStateShape,
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    PoolError,
+    ReqToTokenPool,
+)
+from tests.helpers import as_list
+
+KIMI_KDA_LAYERS = [i for i in range(27) if (i + 1) not in (4, 8, 12, 16, 20, 24, 27)]
+
+
+def kimi_params(tp=1, ssm_dtype="float32"):
+    shape = MambaStateShape.kimi_linear(tp=tp, num_heads=32, head_dim=128, conv_kernel_size=4)
+    return MambaCacheParams(shape=shape, layers=KIMI_KDA_LAYERS, ssm_dtype=ssm_dtype)
+
+
+# ---------------------------------------------------------------- ReqToTokenPool
+def test_rows_are_lifo_from_the_tail(device):
+    p = ReqToTokenPool(5, 16, device=device)
+    assert p.req_to_token.shape == (6, 16)  # row 0 is the padding row
+    assert p.alloc_rows(2) == [4, 5]
+    assert p.alloc_rows(1) == [3]
+    p.free_rows([5])
+    p.free_rows([4])
+    assert p.free_slots == [1, 2, 5, 4]
+    assert p.alloc_rows(1) == [4]  # the most recently freed row comes back first
+    assert p.alloc_rows(0) == []
+    assert p.alloc_rows(4) is None
+    assert p.available_size() == 3
+    p.check_integrity()
+
+
+def test_rows_write_and_read(device):
+    p = ReqToTokenPool(2, 8, device=device)
+    (row,) = p.alloc_rows(1)
+    p.write((row, slice(0, 3)), [7, 8, 9])
+    assert as_list(p.req_to_token[row, :4]) == [7, 8, 9, 0]
+    with pytest.raises(PoolError):
+        p.write((row, slice(6, 9)), [1, 2, 3])  # past max_context_len
+
+
+def test_row_misuse_is_an_error(device):
+    p = ReqToTokenPool(3, 4, device=device)
+    with pytest.raises(DoubleFreeError):
+        p.free_rows([1])
+    with pytest.raises(PoolError):
+        p.free_rows([0])
+    with pytest.raises(PoolError):
+        p.free_rows([4])
+    with pytest.raises(PoolError):
+        ReqToTokenPool(-1, 4, device=device)
+    p.check_integrity()
+
+
+def test_req_to_token_table_bytes():
+    # (rows + 1) x max_context_len x int32, outside the KV budget: 2049 x 1M x 4 B ~ 8 GiB
+    assert ReqToTokenPool(2048, 1 << 20).table_bytes() == 2049 * (1 << 20) * 4
+
+
+# ---------------------------------------------------------------- mamba slots
+def test_mamba_slots_fifo_and_groups(device):
+    a = MambaSlotAllocator(4, device=device)
+    assert as_list(a.alloc(2)) == [1, 2]
+    a.free([1])
+    assert as_list(a.free_slots) == [3, 4, 1]
+    a.alloc_group_begin(2)  # pre-takes [3, 4]
+    assert a.available_size() == 1
+    assert as_list(a.alloc(1)) == [3]
+    a.alloc_group_end()  # the unused 4 goes back to the tail
+    assert as_list(a.free_slots) == [1, 4]
+    a.alloc_group_begin(5)  # more than free: no group, plain allocation
+    assert as_list(a.alloc(1)) == [1]
+    with pytest.raises(DoubleFreeError):
+        a.free([4])
+    with pytest.raises(PoolError):
+        a.free([0])
+    a.check_integrity()
+
+
+def test_kimi_linear_state_bytes_per_slot():
+    # SGLANG_SPEC.md 7.3: conv 3 x 12288 bf16 + temporal 32 x 128 x 128 fp32 per layer, 20 KDA layers
+    assert kimi_params().shape.conv == [(3, 12288)]
+    assert kimi_params().shape.temporal == (32, 128, 128)
+    assert kimi_params(tp=1).mamba_cache_per_req == 43_417_600
+    assert kimi_params(tp=2).mamba_cache_per_req == 43_417_600 // 2
+    assert kimi_params(tp=8).mamba_cache_per_req == 43_417_600 // 8
+    assert kimi_params(ssm_dtype="bfloat16").mamba_cache_per_req == 20 * (36864 * 2 + 524288 * 2)
+
+
+def test_mamba_pool_allocates_size_plus_one(device):
+    pool = MambaPool(2, kimi_params(), device=None)
+    assert pool.mem_usage_bytes() == 3 * 43_417_600  # slot 0 is padding
+    assert pool.conv_state_bytes() == 3 * 20 * 3 * 12288 * 2
+    assert pool.ssm_state_bytes() == 3 * 20 * 32 * 128 * 128 * 4
+
+
+def test_mamba_pool_buffers_on_torch():
+    torch = pytest.importorskip("torch")
+    params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 2])
+    pool = MambaPool(3, params, device="cpu")
+    assert pool.temporal.shape == (2, 4, 2, 4, 4) and pool.temporal.dtype == torch.float32
+    assert pool.conv[0].shape == (2, 4, 3, 24) and pool.conv[0].dtype == torch.bfloat16
+    pool.temporal[:, 1] = 5.0
+    pool.copy_from([1], [3])
+    assert float(pool.temporal[:, 3].min()) == 5.0
+    pool.clear_slots([3])
+    assert float(pool.temporal[:, 3].abs().max()) == 0.0
+
+
+def test_hybrid_rows_get_one_mamba_slot_each(device):
+    p = HybridReqToTokenPool(4, 8, mamba_size=3, cache_params=kimi_params(), device=device)
+    rows, slots = p.alloc_rows_with_mamba(2, [None, None])
+    assert rows == [3, 4] and slots == [1, 2]
+    assert as_list(p.get_mamba_indices(rows)) == [1, 2]
+    rows2, slots2 = p.alloc_rows_with_mamba(1, [7 - 5])  # a request that already holds slot 2 keeps it
+    assert rows2 == [2] and slots2 == [2]
+    p.alloc_rows_with_mamba(1, [None])  # slot 3: the last one
+    with pytest.raises(MambaCapacityError):
+        p.alloc_rows_with_mamba(0, [None])
+    p.free_mamba_slot(1)
+    assert p.mamba_pool.available_size() == 1
+    p.check_integrity()
+
+
+# ---------------------------------------------------------------- KV storage
+def test_mha_sizes_match_sglang_log_llama_8b():
+    # Llama-3.1-8B, 32 layers x 8 KV heads x 128, bf16: SGLang logs
+    # "KV Cache is allocated. #tokens: 442750, K size: 27.02 GB, V size: 27.02 GB"
+    pool = MHATokenToKVPool(442750, 1, "bfloat16", head_num=8, head_dim=128, layer_num=32)
+    k, v = pool.get_kv_size_bytes()
+    assert k == v == 32 * 442751 * 8 * 128 * 2  # size + page_size rows
+    assert f"{k / 2**30:.2f}" == "27.02"
+    assert pool.cell_size_bytes() == 8 * 256 * 32 * 2
+
+
+def test_mha_fp8_and_paged_padding_rows():
+    pool = MHATokenToKVPool(1024, 16, "fp8_e4m3", head_num=1, head_dim=128, layer_num=80)
+    assert pool.get_kv_size_bytes() == (80 * 1040 * 128, 80 * 1040 * 128)  # fp8 = 1 byte; rows = size + 16
+
+
+def test_mla_sizes_not_split_by_tp():
+    pool = MLATokenToKVPool(1000, 1, "bfloat16", kv_lora_rank=512, qk_rope_head_dim=64, layer_num=61)
+    assert pool.get_kv_size_bytes() == 61 * 1001 * 576 * 2
+    assert pool.cell_size_bytes() == 576 * 61 * 2
+    fp8 = MLATokenToKVPool(1000, 1, "fp8_e4m3", 512, 64, 61)
+    assert fp8.get_kv_size_bytes() == 61 * 1001 * 576
+
+
+def test_hybrid_pool_counts_full_attention_layers_only():
+    mamba = MambaPool(4, kimi_params())
+    pool = HybridLinearKVPool(1000, 1, "bfloat16", [3, 7, 11, 15, 19, 23, 26], mamba, use_mla=True,
+                              kv_lora_rank=512, qk_rope_head_dim=64)
+    assert pool.cell_size_bytes() == 8064  # (512 + 64) x 7 x 2 B
+    assert pool.get_kv_size_bytes() == 8064 * 1001
+    assert pool.dense_layer(26) == 6
+    with pytest.raises(PoolError):
+        pool.dense_layer(0)  # a KDA layer has no KV
+
+
+def test_torch_kv_buffers_have_the_logged_shapes():
+    torch = pytest.importorskip("torch")
+    mha = MHATokenToKVPool(12, 4, "float16", head_num=2, head_dim=8, layer_num=3, device="cpu", v_head_dim=4)
+    assert len(mha.k_buffer) == 3 and tuple(mha.k_buffer[0].shape) == (16, 2, 8)
+    assert tuple(mha.v_buffer[0].shape) == (16, 2, 4)
+    k, v = mha.get_kv_size_bytes()
+    assert k == sum(b.numel() * b.element_size() for b in mha.k_buffer)
+    mla = MLATokenToKVPool(10, 1, "fp8_e4m3", 16, 8, 2, device="cpu")
+    assert mla.kv_buffer[0].dtype == torch.uint8 and tuple(mla.kv_buffer[0].shape) == (11, 1, 24)
+    assert mla.get_kv_size_bytes() == sum(b.numel() * b.element_size() for b in mla.kv_buffer)
