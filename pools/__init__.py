@@ -5,11 +5,13 @@ from pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, 
 from pools.kv_cache import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool, MambaStateShape
 from pools.req_to_token_pool import HybridReqToTokenPool, ReqToTokenPool
+from pools.server_args import ServerArgs
 
 __all__ = [
     "ReqToTokenPool", "HybridReqToTokenPool",
     "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "MambaSlotAllocator",
     "MHATokenToKVPool", "MLATokenToKVPool", "HybridLinearKVPool",
     "MambaPool", "MambaStateShape", "MambaCacheParams",
+    "ServerArgs",
     "PoolError", "DoubleFreeError", "OutOfMemoryError", "MambaCapacityError",
 ]
