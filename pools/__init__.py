@@ -3,6 +3,10 @@
 from pools.allocator import MambaSlotAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, PoolError
 from pools.kv_cache import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool
+from pools.mamba_radix_cache import MambaRadixCache
+from pools.no_cache import DisabledRadixCache
+from pools.radix_cache import RadixCache, RadixKey
+from pools.req_kv import ReqKvInfo
 from pools.mamba_pool import MambaCacheParams, MambaPool, MambaStateShape
 from pools.req_to_token_pool import HybridReqToTokenPool, ReqToTokenPool
 from pools.server_args import ServerArgs
@@ -12,6 +16,7 @@ __all__ = [
     "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "MambaSlotAllocator",
     "MHATokenToKVPool", "MLATokenToKVPool", "HybridLinearKVPool",
     "MambaPool", "MambaStateShape", "MambaCacheParams",
+    "RadixCache", "RadixKey", "MambaRadixCache", "DisabledRadixCache", "ReqKvInfo",
     "ServerArgs",
     "PoolError", "DoubleFreeError", "OutOfMemoryError", "MambaCapacityError",
 ]

@@ -60,6 +60,22 @@ class ReqToTokenPool:
             self._row_free[r] = True
         self.free_slots.extend(rows)
 
+    def alloc(self, reqs) -> list[int] | None:
+        """Rows for the requests that hold none (a continuing chunked request keeps its row)."""
+        fresh = [r for r in reqs if r.kv.req_pool_idx is None]
+        rows = self.alloc_rows(len(fresh))
+        if rows is None:
+            return None
+        for r, row in zip(fresh, rows):
+            r.kv.req_pool_idx = row
+        return [r.kv.req_pool_idx for r in reqs]
+
+    def free(self, req) -> None:
+        if req.kv.req_pool_idx is None:
+            raise PoolError("freeing the row of a request that holds none")
+        self.free_rows([req.kv.req_pool_idx])
+        req.kv.req_pool_idx = None
+
     def write(self, indices, values) -> None:
         """``req_to_token[indices] = values``; ``indices`` may be ``(row, slice)`` as in SGLang."""
         if isinstance(indices, tuple) and isinstance(indices[1], slice):
@@ -81,42 +97,67 @@ class ReqToTokenPool:
 
 
 class HybridReqToTokenPool(ReqToTokenPool):
-    """Request rows plus one mamba state slot per request (``mamba_size`` usable slots)."""
+    """Request rows plus mamba state slots: one working slot per request and, under the
+    ``extra_buffer`` strategy, ``mamba_ping_pong_track_buffer_size`` checkpoint slots."""
 
     def __init__(self, size: int, max_context_len: int, mamba_size: int, cache_params: MambaCacheParams,
-                 device: str | None = None):
+                 device: str | None = None, mamba_ping_pong_track_buffer_size: int = 0):
         super().__init__(size, max_context_len, device)
         self.mamba_pool = MambaPool(mamba_size, cache_params, device)
         self.mamba_allocator = self.mamba_pool.allocator
+        self.enable_mamba_extra_buffer = mamba_ping_pong_track_buffer_size > 0
+        self.mamba_ping_pong_track_buffer_size = mamba_ping_pong_track_buffer_size
+        self.mamba_initial_tracking_slots = mamba_ping_pong_track_buffer_size  # non-lazy: all up front
         self.req_index_to_mamba_index_mapping = np.zeros(size + 1, dtype=np.int64)
 
-    def alloc_rows_with_mamba(self, num_rows: int, mamba_slots: list[int | None]) -> tuple[list[int], list[int]] | None:
-        """Rows for ``num_rows`` requests; each entry of ``mamba_slots`` that is None gets a fresh slot.
+    def _alloc_slot(self) -> int:
+        got = self.mamba_allocator.alloc(1)
+        if got is None:
+            raise MambaCapacityError(
+                "Not enough space for mamba cache, try to increase --mamba-full-memory-ratio or "
+                f"--max-mamba-cache-size (size {self.mamba_pool.size}, all in use)")
+        return int(self.xp.to_numpy(got)[0])
 
-        Mirrors ``HybridReqToTokenPool.alloc``: rows first (None when short), then a slot for every
-        request that does not already hold one; a slot shortage is SGLang's assert.
-        """
-        rows = self.alloc_rows(num_rows)
+    def alloc(self, reqs) -> list[int] | None:
+        """Rows for requests without one, then a working slot (and tracking slots) for requests
+        without one; a slot shortage is SGLang's assert."""
+        rows = super().alloc(reqs)
         if rows is None:
             return None
-        slots = []
-        for held in mamba_slots:
-            if held is None:
-                got = self.mamba_allocator.alloc(1)
-                if got is None:
-                    raise MambaCapacityError(
-                        "Not enough space for mamba cache, try to increase --mamba-full-memory-ratio or "
-                        f"--max-mamba-cache-size (size {self.mamba_pool.size}, free 0)")
-                held = int(self.xp.to_numpy(got)[0])
-            slots.append(held)
-        self.req_index_to_mamba_index_mapping[rows] = slots
-        return rows, slots
+        for req in reqs:
+            kv = req.kv
+            if kv.mamba_pool_idx is None:
+                kv.mamba_pool_idx = self._alloc_slot()
+            if self.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
+                n = self.mamba_ping_pong_track_buffer_size
+                kv.mamba_ping_pong_track_buffer = [self._alloc_slot() for _ in range(n)]
+                kv.mamba_next_track_idx = 0
+                kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
+                kv.mamba_prev_track_seqlen = None
+            self.req_index_to_mamba_index_mapping[kv.req_pool_idx] = kv.mamba_pool_idx
+        return rows
+
+    def get_mamba_ping_pong_other_idx(self, idx: int) -> int:
+        return 1 - idx if self.mamba_ping_pong_track_buffer_size == 2 else idx
 
     def get_mamba_indices(self, rows) -> np.ndarray:
         return self.req_index_to_mamba_index_mapping[np.asarray(rows, dtype=np.int64)]
 
-    def free_mamba_slot(self, slot: int) -> None:
-        self.mamba_allocator.free([slot])
+    def free_mamba_cache(self, req, keep_idx: int | None = None) -> None:
+        """Free the request's working slot and its tracking slots except ``keep_idx`` (donated)."""
+        kv = req.kv
+        if kv.mamba_pool_idx is None:
+            raise PoolError("double free of a request's mamba slot")
+        self.mamba_allocator.free([kv.mamba_pool_idx])
+        kv.mamba_pool_idx = None
+        if kv.mamba_ping_pong_track_buffer is not None:
+            rest = [s for i, s in enumerate(kv.mamba_ping_pong_track_buffer) if i != keep_idx and s >= 0]
+            if rest:
+                self.mamba_allocator.free(rest)
+            kv.mamba_ping_pong_track_buffer = None
+            kv.mamba_next_track_idx = kv.mamba_last_track_idx = None
+            kv.mamba_last_track_seqlen = kv.mamba_prev_track_seqlen = None
+        kv.mamba_cow_src_index = None
 
     def check_integrity(self) -> None:
         super().check_integrity()

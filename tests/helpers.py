@@ -8,3 +8,59 @@ def as_list(x):
     if hasattr(x, "tolist"):
         return [int(v) for v in x.tolist()]
     return [int(v) for v in x]
+
+
+class FakeReq:
+    """A minimal request for driving the pools directly (the ``pools.req_kv.ReqLike`` protocol)."""
+
+    def __init__(self, tokens, extra_key=None, origin_input_len=None):
+        import numpy as np
+
+        from pools.req_kv import ReqKvInfo
+
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.origin_input_len = len(self.tokens) if origin_input_len is None else origin_input_len
+        self.extra_key = extra_key
+        self.kv = ReqKvInfo()
+        self.lock = None
+        self.last_node = None
+        self.prefix_len = 0
+        self.extend_end = 0
+        self.mamba_branching_seqlen = None
+        self.done = False
+
+    @property
+    def seqlen(self):
+        return len(self.tokens)
+
+    def token_ids(self, n):
+        return self.tokens[:n]
+
+    def finished(self):
+        return self.done
+
+    def owned_kv_len(self):
+        return self.kv.kv_committed_len
+
+
+def owned_slots(reqs, pool, page_size):
+    """KV slots the live requests own outside the tree (whole pages)."""
+    import numpy as np
+
+    total = 0
+    for r in reqs:
+        if r.kv.req_pool_idx is None:
+            continue
+        row = np.asarray(pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len: r.kv.kv_allocated_len])
+        total += len(np.unique(row // page_size)) * page_size
+    return total
+
+
+def assert_conserved(tree, reqs, size):
+    """available + evictable + protected + request-owned == size, and the tree agrees with itself."""
+    alloc = tree.token_to_kv_pool_allocator
+    owned = owned_slots(reqs, tree.req_to_token_pool, alloc.page_size)
+    got = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
+    assert got == size, (alloc.available_size(), tree.evictable_size(), tree.protected_size(), owned)
+    tree.check_integrity()
+    alloc.check_integrity()

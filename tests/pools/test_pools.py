@@ -16,7 +16,7 @@ from pools import (
     PoolError,
     ReqToTokenPool,
 )
-from tests.helpers import as_list
+from tests.helpers import FakeReq, as_list
 
 KIMI_KDA_LAYERS = [i for i in range(27) if (i + 1) not in (4, 8, 12, 16, 20, 24, 27)]
 
@@ -121,17 +121,32 @@ def test_mamba_pool_buffers_on_torch():
 
 def test_hybrid_rows_get_one_mamba_slot_each(device):
     p = HybridReqToTokenPool(4, 8, mamba_size=3, cache_params=kimi_params(), device=device)
-    rows, slots = p.alloc_rows_with_mamba(2, [None, None])
-    assert rows == [3, 4] and slots == [1, 2]
-    assert as_list(p.get_mamba_indices(rows)) == [1, 2]
-    rows2, slots2 = p.alloc_rows_with_mamba(1, [7 - 5])  # a request that already holds slot 2 keeps it
-    assert rows2 == [2] and slots2 == [2]
-    p.alloc_rows_with_mamba(1, [None])  # slot 3: the last one
+    a, b = FakeReq([1]), FakeReq([2])
+    assert p.alloc([a, b]) == [3, 4]  # rows LIFO from the tail
+    assert (a.kv.mamba_pool_idx, b.kv.mamba_pool_idx) == (1, 2)  # slots FIFO from the head
+    assert as_list(p.get_mamba_indices([3, 4])) == [1, 2]
+    c = FakeReq([3])
+    c.kv.mamba_pool_idx = 2 + 0  # already holds a slot (copy-on-write target): keeps it
+    p.mamba_allocator.alloc(1)  # take slot 3 so nothing is left
+    assert p.alloc([c]) == [2] and c.kv.mamba_pool_idx == 2
     with pytest.raises(MambaCapacityError):
-        p.alloc_rows_with_mamba(0, [None])
-    p.free_mamba_slot(1)
-    assert p.mamba_pool.available_size() == 1
-    p.check_integrity()
+        p.alloc([FakeReq([4])])
+    p.free_mamba_cache(a)
+    assert a.kv.mamba_pool_idx is None and p.mamba_pool.available_size() == 1
+    with pytest.raises(PoolError):
+        p.free_mamba_cache(a)
+
+
+def test_hybrid_extra_buffer_tracking_slots(device):
+    p = HybridReqToTokenPool(4, 8, mamba_size=8, cache_params=kimi_params(), device=device,
+                             mamba_ping_pong_track_buffer_size=2)
+    a = FakeReq([1])
+    p.alloc([a])
+    # working slot 1, then two ping-pong slots 2, 3; the first checkpoint goes to position 0
+    assert a.kv.mamba_pool_idx == 1 and a.kv.mamba_ping_pong_track_buffer == [2, 3]
+    assert (a.kv.mamba_next_track_idx, a.kv.mamba_last_track_idx) == (0, 1)
+    p.free_mamba_cache(a, keep_idx=1)  # slot 3 was donated to the tree
+    assert as_list(p.mamba_allocator.free_slots) == [4, 5, 6, 7, 8, 1, 2]
 
 
 # ---------------------------------------------------------------- KV storage

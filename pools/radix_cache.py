@@ -1,0 +1,435 @@
+"""The radix prefix cache: SGLang 0.5.23's ``UnifiedRadixCache`` with its FULL component.
+
+Semantics (SGLANG_SPEC.md sections 4 and 5, checked against ``unified_cache/unified_tree_core.py``):
+- keys are page-aligned before every match and insert; the unaligned tail never enters the tree;
+- a match or insert that ends inside a node splits it; the new parent copies the child's lock;
+- recency is a logical clock: a node gets ``t = counter++`` when created, touched by an insert walk
+  or split off; a match stamps ``counter++`` on the deepest matched node and ``t - 1e-5 * k`` on its
+  k-th ancestor, so a parent is always older than the child it was reached through;
+- ``insert`` frees the caller's duplicate slots itself, per overlapped node, from
+  ``prev_prefix_len`` (the request's ``cache_protected_len``) on;
+- eviction pops unlocked leaves by LRU, frees whole nodes (it may overshoot) and makes a parent
+  a candidate once it has no children left.
+
+Keys are numpy int64 token arrays and node keys/values are numpy slices: a match walks one dict
+lookup per node and compares each node's tokens in one vectorised call, never token by token.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+
+from pools.errors import PoolError
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class RadixKey:
+    """Token ids (int64 array) in a namespace: keys with different ``extra_key`` never share nodes."""
+
+    __slots__ = ("token_ids", "extra_key")
+
+    def __init__(self, token_ids, extra_key: str | None = None):
+        self.token_ids = np.asarray(token_ids, dtype=np.int64)
+        self.extra_key = extra_key
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def page_aligned(self, page_size: int) -> "RadixKey":
+        n = len(self.token_ids) // page_size * page_size
+        return self if n == len(self.token_ids) else RadixKey(self.token_ids[:n], self.extra_key)
+
+
+class TreeNode:
+    __slots__ = ("id", "children", "parent", "key", "value", "extra_key", "lock_ref", "last_access_time",
+                 "mamba_value", "mamba_lock_ref")
+
+    def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray | None, parent: "TreeNode | None",
+                 extra_key: str | None = None):
+        self.id = node_id
+        self.extra_key = extra_key
+        self.children: dict = {}
+        self.parent = parent
+        self.key = key
+        self.value = value  # KV slot per token; None only for the root's absent value
+        self.lock_ref = 0
+        self.last_access_time = 0.0
+        self.mamba_value: int | None = None  # state slot holding the state after this node's last token
+        self.mamba_lock_ref = 0
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, t={self.last_access_time})"
+
+
+class MatchResult(NamedTuple):
+    device_indices: np.ndarray  # KV slots of the matched prefix
+    prefix_len: int  # SGLang's device_prefix_len
+    last_node: TreeNode  # deepest usable matched node
+    full_kv_hit_length: int = 0  # FULL match length (exceeds prefix_len when mamba states are missing)
+    mamba_branching_seqlen: int | None = None
+
+
+class InsertResult(NamedTuple):
+    prefix_len: int  # tokens already in the tree
+    last_node: TreeNode
+    mamba_exist: bool = False
+
+
+class RadixCache:
+    """The tree cache the scheduler talks to (SGLang's ``UnifiedRadixCache``, FULL component only)."""
+
+    disable = False
+
+    def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int | None = None):
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size or token_to_kv_pool_allocator.page_size
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        self._clock = 0.0
+        self._next_id = 0
+        self.root_node = self._new_node(_EMPTY, _EMPTY, None)
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves: set[TreeNode] = set()
+        self._leaf_heap: list = []  # (last_access_time, id, node); stale entries are skipped
+
+    def _tick(self) -> float:
+        t = self._clock
+        self._clock += 1.0
+        return t
+
+    def _new_node(self, key, value, parent, extra_key=None) -> TreeNode:
+        node = TreeNode(self._next_id, key, value, parent, extra_key)
+        self._next_id += 1
+        node.last_access_time = self._tick()
+        self._tick()  # creation_time: SGLang stamps it from the same counter
+        return node
+
+    def _touch(self, node: TreeNode, t: float) -> None:
+        node.last_access_time = t
+        if node in self.evictable_leaves:
+            heapq.heappush(self._leaf_heap, (t, node.id, node))
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def full_evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return self.evictable_size_ + self.protected_size_
+
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def mamba_evictable_size(self) -> int:
+        return 0
+
+    def evict_mamba(self, num: int) -> int:
+        return 0
+
+    # ------------------------------------------------------------------ keys
+    def _child_key(self, tokens: np.ndarray, extra_key):
+        first = int(tokens[0]) if self.page_size == 1 else tokens[: self.page_size].tobytes()
+        return first if extra_key is None else (extra_key, first)
+
+    def _match_len(self, node_key: np.ndarray, tokens: np.ndarray) -> int:
+        n = min(len(node_key), len(tokens))
+        diff = np.flatnonzero(node_key[:n] != tokens[:n])
+        m = int(diff[0]) if diff.size else n
+        return m // self.page_size * self.page_size
+
+    # ------------------------------------------------------------------ match
+    def match_prefix(self, key: RadixKey, **kwargs) -> MatchResult:
+        """Longest cached page-aligned prefix of ``key``. Splits a node where the match ends inside
+        it and refreshes recency along the path; locks nothing."""
+        key = key.page_aligned(self.page_size)
+        if len(key) == 0:
+            return self._empty_match()
+        tokens, extra = key.token_ids, key.extra_key
+        node, pos = self.root_node, 0
+        values: list[np.ndarray] = []
+        best, best_values, full_hit = node, 0, 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens[pos:], extra))
+            if child is None:
+                break
+            plen = self._match_len(child.key, tokens[pos:])
+            full_hit += plen
+            split = plen < len(child.key)
+            if split:
+                child = self._split_node(child, plen)
+            values.append(child.value)
+            node = child
+            if self._match_valid(node):
+                best, best_values = node, len(values)
+            pos += plen
+            if split:
+                break
+        return self._finish_match(key, values, best, best_values, full_hit, **kwargs)
+
+    def _match_valid(self, node: TreeNode) -> bool:
+        return True
+
+    def _finish_match(self, key, values, best, best_values, full_hit, **kwargs) -> MatchResult:
+        t = self._tick()
+        node = best
+        while node is not None:
+            self._touch(node, t)
+            t -= 1e-5
+            node = node.parent
+        matched = values[:best_values]
+        indices = np.concatenate(matched) if matched else _EMPTY
+        return MatchResult(indices, len(indices), best, full_hit)
+
+    def _empty_match(self) -> MatchResult:
+        return MatchResult(_EMPTY, 0, self.root_node, 0)
+
+    def path_device_indices(self, node: TreeNode) -> np.ndarray:
+        chunks = []
+        while node is not self.root_node:
+            chunks.append(node.value)
+            node = node.parent
+        return np.concatenate(chunks[::-1]) if chunks else _EMPTY
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None) -> InsertResult:
+        """Insert ``key -> value`` (page-aligned). Existing nodes keep their own slots; the caller's
+        duplicates in ``[prev_prefix_len, already-cached length)`` are freed here, node by node."""
+        key = key.page_aligned(self.page_size)
+        value = np.asarray(value, dtype=np.int64)[: len(key)]
+        self._touch(self.root_node, self._tick())
+        if len(key) == 0:
+            return InsertResult(0, self.root_node, mamba_exist=True)
+        tokens, extra = key.token_ids, key.extra_key
+        alloc = self.token_to_kv_pool_allocator
+        node, pos = self.root_node, 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens[pos:], extra))
+            if child is None:
+                break
+            self._touch(child, self._tick())
+            plen = self._match_len(child.key, tokens[pos:])
+            if plen < len(child.key):
+                child = self._split_node(child, plen)
+            dup_start = max(0, prev_prefix_len - pos)
+            if dup_start < plen:
+                alloc.free_segment(value[pos + dup_start: pos + plen], start_pos=0)
+            node = child
+            pos += plen
+        if pos < len(tokens):
+            target = self._add_new_node(node, tokens[pos:].copy(), value[pos:].copy(), extra)
+            is_new_leaf = True
+        else:
+            target, is_new_leaf = node, False
+        mamba_exist = self._commit_insert(target, is_new_leaf, mamba_value)
+        return InsertResult(pos, target, mamba_exist)
+
+    def _commit_insert(self, node: TreeNode, is_new_leaf: bool, mamba_value: int | None) -> bool:
+        return False
+
+    def _add_new_node(self, parent: TreeNode, key: np.ndarray, value: np.ndarray, extra) -> TreeNode:
+        node = self._new_node(key, value, parent, extra)
+        parent.children[self._child_key(key, extra)] = node
+        self.evictable_size_ += len(value)
+        self._update_leaf_status(node)
+        self._update_leaf_status(parent)
+        return node
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut ``child`` after ``split_len`` tokens; the new parent takes the prefix and child's locks."""
+        parent = child.parent
+        extra = child.extra_key
+        new = self._new_node(child.key[:split_len], child.value[:split_len], parent, extra)
+        new.lock_ref = child.lock_ref
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:]
+        child.parent = new
+        new.children[self._child_key(child.key, extra)] = child
+        parent.children[self._child_key(new.key, extra)] = new
+        self._touch(child, self._tick())
+        self._update_leaf_status(new)
+        self._update_leaf_status(child)
+        return new
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.value)
+                self.protected_size_ += len(node.value)
+                delta += len(node.value)
+            node.lock_ref += 1
+            self.evictable_leaves.discard(node)
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref <= 0:
+                raise PoolError(f"unlock of node {node.id} whose lock_ref is already 0")
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.value)
+                self.protected_size_ -= len(node.value)
+                delta += len(node.value)
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._update_leaf_status(node)
+            node = node.parent
+        return delta
+
+    def lock(self, node: TreeNode) -> TreeNode:
+        self.inc_lock_ref(node)
+        return node
+
+    def unlock(self, lock: TreeNode | None) -> None:
+        if lock is not None:
+            self.dec_lock_ref(lock)
+
+    # ------------------------------------------------------------------ eviction
+    def _is_leaf(self, node: TreeNode) -> bool:
+        return (node is not self.root_node and node.lock_ref == 0 and node.mamba_lock_ref == 0
+                and not node.children)
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if self._is_leaf(node):
+            if node not in self.evictable_leaves:
+                self.evictable_leaves.add(node)
+                heapq.heappush(self._leaf_heap, (node.last_access_time, node.id, node))
+        else:
+            self.evictable_leaves.discard(node)
+
+    def _pop_lru_leaf(self) -> TreeNode | None:
+        heap = self._leaf_heap
+        while heap:
+            t, _, node = heapq.heappop(heap)
+            if node in self.evictable_leaves and node.last_access_time == t:
+                return node
+        return None
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves in LRU order until ``num_tokens`` are freed; returns tokens evicted."""
+        if len(self._leaf_heap) > 4 * len(self.evictable_leaves) + 1024:
+            self._leaf_heap = [(n.last_access_time, n.id, n) for n in self.evictable_leaves]
+            heapq.heapify(self._leaf_heap)
+        evicted = 0
+        while evicted < num_tokens:
+            node = self._pop_lru_leaf()
+            if node is None:
+                break
+            evicted += self._delete_leaf(node)
+        return evicted
+
+    def evict_for_alloc(self, num_tokens: int) -> int:
+        return self.evict(num_tokens)
+
+    def _delete_leaf(self, node: TreeNode) -> int:
+        """Free a leaf's KV (and state), detach it, and let its parent become a candidate."""
+        n = len(node.value)
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+        self.evictable_size_ -= n
+        self._release_mamba(node)
+        parent = node.parent
+        del parent.children[self._child_key_of(node)]
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(parent)
+        return n
+
+    def _child_key_of(self, node: TreeNode):
+        return self._child_key(node.key, node.extra_key)
+
+    def _release_mamba(self, node: TreeNode) -> None:
+        """Hook: the mamba tree frees the node's state slot with its KV."""
+
+    # ------------------------------------------------------------------ request lifecycle
+    def checkpoint(self, req, up_to: int) -> None:
+        """Insert the request's ``[0, up_to)`` tokens, re-anchor its row on the tree's slots and move
+        its lock to the node the insert ended on (``checkpoint_into_tree``)."""
+        is_finished = req.finished()
+        kv = req.kv
+        row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+        cache_len, mamba_value, keep_idx = self._prepare_for_caching(req, up_to, is_finished)
+        if cache_len <= 0:
+            self._cleanup_after_caching(req, is_finished, None, mamba_value, keep_idx)
+            return
+        key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
+        aligned = len(key)
+        values = np.asarray(row[:aligned], dtype=np.int64).copy()
+        result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value)
+        kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
+        self._split_prompt(req, key, values)
+        new_indices = self.path_device_indices(result.last_node)
+        self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, len(new_indices))),
+                                     new_indices[kv.cache_protected_len:])
+        self.unlock(req.lock)
+        req.lock = self.lock(result.last_node)
+        kv.cache_protected_len = len(new_indices)
+        req.last_node = result.last_node
+        self._cleanup_after_caching(req, is_finished, result, mamba_value, keep_idx)
+
+    def _split_prompt(self, req, key: RadixKey, values: np.ndarray) -> None:
+        """Re-insert the page-aligned prompt so the leaf splits at the prompt/output boundary and
+        eviction can drop the output KV first (FULL-only trees)."""
+        prompt_len = req.origin_input_len // self.page_size * self.page_size
+        if 0 < prompt_len < len(key):
+            self.insert(RadixKey(key.token_ids[:prompt_len], key.extra_key), values[:prompt_len],
+                        prev_prefix_len=prompt_len)
+
+    def _prepare_for_caching(self, req, up_to: int, is_finished: bool) -> tuple[int, int | None, int | None]:
+        """Hook: (length to insert, state slot offered to the tree, ping-pong position it came from)."""
+        return up_to, None, None
+
+    def _cleanup_after_caching(self, req, is_finished: bool, result, mamba_value, keep_idx) -> None:
+        """Hook: the mamba tree hands over or frees state slots here."""
+
+    def on_release(self, req, checkpointed: bool) -> None:
+        """Hook after a row is given back: a mamba tree frees the state slots it did not take."""
+
+    def free_kv_row(self, kv, start: int, end: int) -> None:
+        """Free a request's own row positions ``[start, end)`` (``start`` page-aligned)."""
+        if end > start:
+            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+            self.token_to_kv_pool_allocator.free_segment(np.asarray(row[start:end], dtype=np.int64),
+                                                         start_pos=start)
+
+    # ------------------------------------------------------------------ integrity
+    def check_integrity(self) -> None:
+        """Sizes and leaf set agree with a full walk of the tree."""
+        evictable = protected = 0
+        stack = list(self.root_node.children.values())
+        leaves = set()
+        while stack:
+            node = stack.pop()
+            if node.lock_ref < 0 or (node.lock_ref > 0 and node.parent is not self.root_node
+                                     and node.parent.lock_ref < node.lock_ref):
+                raise PoolError(f"node {node.id}: lock_ref {node.lock_ref} exceeds its parent's")
+            if len(node.key) != len(node.value) or len(node.key) % self.page_size:
+                raise PoolError(f"node {node.id}: key/value lengths {len(node.key)}/{len(node.value)}")
+            if node.lock_ref:
+                protected += len(node.value)
+            else:
+                evictable += len(node.value)
+            if self._is_leaf(node):
+                leaves.add(node)
+            stack.extend(node.children.values())
+        if (evictable, protected) != (self.evictable_size_, self.protected_size_):
+            raise PoolError(f"evictable/protected {self.evictable_size_}/{self.protected_size_} "
+                            f"but the tree holds {evictable}/{protected}")
+        if leaves != self.evictable_leaves:
+            raise PoolError("evictable leaf set disagrees with the tree")

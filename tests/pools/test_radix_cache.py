@@ -1,0 +1,266 @@
+"""RadixCache and the request lifecycle, with expected numbers derived by hand from SGLANG_SPEC.md
+sections 4, 5 and 10 (the arithmetic is in the comments)."""
+
+import numpy as np
+import pytest
+
+from pools import PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
+from pools.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    checkpoint_kv_cache,
+    match_prefix_for_req,
+    release_kv_cache,
+)
+from pools.errors import OutOfMemoryError
+from pools.radix_cache import RadixCache, RadixKey
+from tests.helpers import FakeReq, as_list, assert_conserved
+
+SYS = list(range(1, 13))  # a 12-token system prompt
+A_PROMPT = SYS + [101, 102, 103, 104]  # 16 tokens
+A_OUT = [201, 202, 203]
+
+
+def make_tree(size, page_size, rows=4):
+    pool = ReqToTokenPool(rows, 64)
+    alloc = TokenToKVPoolAllocator(size) if page_size == 1 else PagedTokenToKVPoolAllocator(size, page_size)
+    return RadixCache(pool, alloc), pool, alloc
+
+
+def admit(tree, pool, req, extend_end=None):
+    match_prefix_for_req(req, tree)
+    req.lock = tree.lock(req.last_node)
+    req.extend_end = req.seqlen if extend_end is None else extend_end
+    return alloc_for_extend([req], tree, pool)
+
+
+def finish(tree, req):
+    req.done = True
+    release_kv_cache(req, tree, checkpoint=True)
+
+
+# ---------------------------------------------------------------- SGLANG_SPEC.md section 10, page 1
+def test_spec_scenario_page1():
+    tree, pool, alloc = make_tree(48, 1)
+    live = []
+    # A: 16-token prompt -> slots 1..16; three decode steps -> 17, 18, 19.
+    a = FakeReq(A_PROMPT + A_OUT, origin_input_len=16)
+    out = admit(tree, pool, a, extend_end=16)
+    assert as_list(out) == list(range(1, 17)) and a.kv.req_pool_idx == 4  # rows are LIFO from the tail
+    for _ in range(3):
+        alloc_for_decode([a], tree, pool)
+    assert as_list(pool.req_to_token[4, :19]) == list(range(1, 20))
+    finish(tree, a)
+    # inserts 19 tokens; the prompt re-insert splits the leaf at 16 (prompt 16 + output 3)
+    assert tree.evictable_size() == 19 and tree.protected_size() == 0
+    assert alloc.available_size() == 29
+    assert [len(n.key) for n in tree.root_node.children.values()] == [16]
+    assert_conserved(tree, live, 48)
+
+    # B shares 14 tokens: the 16-token node splits at 14; locking B protects 14, 5 stay evictable.
+    b = FakeReq(SYS + [101, 102, 901, 902, 903])
+    res = match_prefix_for_req(b, tree)
+    assert res.prefix_len == 14 and as_list(res.device_indices) == list(range(1, 15))
+    b.lock = tree.lock(b.last_node)
+    assert (tree.evictable_size(), tree.protected_size()) == (5, 14)
+    b.extend_end = 17
+    assert as_list(alloc_for_extend([b], tree, pool)) == [20, 21, 22]
+    live.append(b)
+    assert_conserved(tree, live, 48)
+
+    # C is A's finished sequence: the len-1 cap matches 18, not 19 (the 3-token leaf splits at 2).
+    c = FakeReq(A_PROMPT + A_OUT)
+    res = match_prefix_for_req(c, tree)
+    assert res.prefix_len == 18
+    c.lock = tree.lock(c.last_node)
+    assert (tree.evictable_size(), tree.protected_size()) == (1, 18)
+    c.extend_end = 19
+    assert as_list(alloc_for_extend([c], tree, pool)) == [23]  # one recomputed token
+    live.append(c)
+    assert_conserved(tree, live, 48)
+    live.remove(c)
+    finish(tree, c)  # slot 23 is a duplicate of the tree's slot 19 and is freed by the insert
+    assert alloc.available_size() == 26
+    assert as_list(alloc.free_pages)[-1] == 23
+    assert (tree.evictable_size(), tree.protected_size()) == (5, 14)
+    assert_conserved(tree, live, 48)
+
+    # D (31 unrelated tokens): shortfall 31 - 26 = 5 evicts exactly the 5 tokens A and C alone held,
+    # leaf by leaf (1, then 2, then 2), appending their slots to the free list.
+    d = FakeReq(list(range(500, 531)))
+    out = admit(tree, pool, d)
+    assert as_list(out) == list(range(24, 49)) + [23, 19, 17, 18, 15, 16]
+    assert alloc.available_size() == 0
+    assert (tree.evictable_size(), tree.protected_size()) == (0, 14)
+    live.append(d)
+    assert_conserved(tree, live, 48)
+
+
+# ---------------------------------------------------------------- the same at page 4
+def test_spec_scenario_page4():
+    tree, pool, alloc = make_tree(48, 4)  # pages 1..12
+    live = []
+    a = FakeReq(A_PROMPT + A_OUT, origin_input_len=16)
+    assert as_list(admit(tree, pool, a, extend_end=16)) == list(range(4, 20))  # pages 1-4
+    for _ in range(3):
+        alloc_for_decode([a], tree, pool)  # 17 % 4 == 1 -> new page 5: slots 20, 21, 22
+    assert as_list(pool.req_to_token[4, 16:19]) == [20, 21, 22]
+    assert alloc.available_size() == 28
+    finish(tree, a)
+    # the key is page-aligned to 16; the unaligned tail (3 tokens on page 5) is freed: +4 slots
+    assert tree.evictable_size() == 16 and alloc.available_size() == 32
+    assert as_list(alloc.free_pages)[0] == 5  # prepended: reused first
+    assert_conserved(tree, live, 48)
+
+    b = FakeReq(SYS + [101, 102, 901, 902, 903])
+    res = match_prefix_for_req(b, tree)
+    assert res.prefix_len == 12  # 14 common tokens, rounded down to the page
+    b.lock = tree.lock(b.last_node)
+    b.extend_end = 17
+    # prefix ends on a page boundary: new pages 5, 6 for positions 12..16
+    assert as_list(alloc_for_extend([b], tree, pool)) == [20, 21, 22, 23, 24]
+    live.append(b)
+    assert (tree.evictable_size(), tree.protected_size()) == (4, 12)
+    assert_conserved(tree, live, 48)
+
+    c = FakeReq(A_PROMPT + A_OUT)
+    res = match_prefix_for_req(c, tree)
+    assert res.prefix_len == 16  # cap 18, aligned to 16
+    c.lock = tree.lock(c.last_node)
+    c.extend_end = 19
+    assert as_list(alloc_for_extend([c], tree, pool)) == [28, 29, 30]  # page 7
+    live.append(c)
+    assert_conserved(tree, live, 48)
+    live.remove(c)
+    finish(tree, c)  # key aligns to 16, all already cached; tail page 7 returns
+    assert alloc.available_size() == 24 and as_list(alloc.free_pages)[0] == 7
+
+    # D (26 tokens): conservative demand 26 + 1 x 4 = 30, shortfall 6. Only the 4-token node is
+    # unlocked: eviction frees 4 < 6 and stops; the allocation still fits (7 pages free).
+    d = FakeReq(list(range(500, 526)))
+    out = admit(tree, pool, d)
+    assert as_list(out[:4]) == [16, 17, 18, 19]  # the evicted page 4 was prepended
+    assert (tree.evictable_size(), tree.protected_size()) == (0, 12)
+    live.append(d)
+    assert_conserved(tree, live, 48)
+
+
+# ---------------------------------------------------------------- chunked prefill checkpoints
+def test_chunked_checkpoints_free_duplicates_and_reanchor():
+    tree, pool, alloc = make_tree(32, 1)
+    prompt = list(range(1, 21))
+    r = FakeReq(prompt + [301, 302], origin_input_len=20)
+    # chunk 1: [0, 8) -> slots 1..8, published as an 8-token leaf, R's lock moves onto it
+    out = admit(tree, pool, r, extend_end=8)
+    assert as_list(out) == list(range(1, 9))
+    checkpoint_kv_cache(r, tree)
+    assert (r.prefix_len, r.kv.cache_protected_len) == (8, 8)
+    assert (tree.evictable_size(), tree.protected_size()) == (0, 8)
+    assert_conserved(tree, [r], 32)
+
+    # Q has the same first 16 tokens; it matches R's published 8, computes 8..15 and finishes first.
+    q = FakeReq(prompt[:16])
+    assert as_list(admit(tree, pool, q)) == list(range(9, 17))
+    assert q.prefix_len == 8
+    finish(tree, q)
+    assert (tree.evictable_size(), tree.protected_size()) == (8, 8)
+
+    # chunk 2 of R: [8, 16) -> slots 17..24. Its checkpoint finds Q's node: 17..24 are duplicates,
+    # freed; R's row now points at Q's slots 9..16 and its lock moves to Q's node.
+    r.extend_end = 16
+    assert as_list(alloc_for_extend([r], tree, pool)) == list(range(17, 25))
+    checkpoint_kv_cache(r, tree)
+    assert as_list(pool.req_to_token[r.kv.req_pool_idx, :16]) == list(range(1, 17))
+    assert r.kv.cache_protected_len == 16
+    assert (tree.evictable_size(), tree.protected_size()) == (0, 16)
+    assert as_list(alloc.free_pages) == list(range(25, 33)) + list(range(17, 25))
+    assert_conserved(tree, [r], 32)
+
+    # last chunk [16, 20) and two decode steps, then finish
+    r.extend_end = 20
+    assert as_list(alloc_for_extend([r], tree, pool)) == [25, 26, 27, 28]
+    alloc_for_decode([r], tree, pool)
+    alloc_for_decode([r], tree, pool)
+    finish(tree, r)
+    # inserts 22 tokens: a new 6-token leaf, split by the prompt re-insert into 4 + 2
+    assert (tree.evictable_size(), tree.protected_size()) == (22, 0)
+    assert as_list(alloc.free_pages) == [31, 32] + list(range(17, 25))
+    assert_conserved(tree, [], 32)
+
+
+# ---------------------------------------------------------------- retraction, overshoot, OOM
+def test_retraction_inserts_nothing_and_frees_what_it_owns():
+    tree, pool, alloc = make_tree(16, 1)
+    a = FakeReq(list(range(1, 9)))
+    admit(tree, pool, a)
+    finish(tree, a)  # 8 cached tokens
+    b = FakeReq(list(range(1, 9)) + [50, 51])
+    admit(tree, pool, b)  # matches 8, allocates 2
+    alloc_for_decode([b], tree, pool)
+    assert (tree.evictable_size(), tree.protected_size(), alloc.available_size()) == (0, 8, 5)
+    release_kv_cache(b, tree, checkpoint=False)
+    # nothing inserted: the 3 owned slots return, the prefix lock is dropped, the tree is unchanged
+    assert (tree.evictable_size(), tree.protected_size(), alloc.available_size()) == (8, 0, 8)
+    assert b.kv.req_pool_idx is None and b.lock is None
+    assert_conserved(tree, [], 16)
+
+
+def test_eviction_frees_whole_nodes_and_may_overshoot():
+    tree, pool, alloc = make_tree(16, 1)
+    a = FakeReq(list(range(1, 11)))  # a 10-token leaf
+    admit(tree, pool, a)
+    finish(tree, a)
+    assert tree.evict(3) == 10  # one node, whole: 10 >= 3
+    assert alloc.available_size() == 16 and tree.evictable_size() == 0
+
+
+def test_lru_order_and_parents_become_candidates():
+    tree, pool, alloc = make_tree(64, 1)
+    for toks in ([1, 2, 3, 4, 10, 11], [1, 2, 3, 4, 20, 21, 22], [30, 31, 32]):
+        r = FakeReq(toks)
+        admit(tree, pool, r)
+        finish(tree, r)
+    # tree: [1..4] -> {[10,11], [20,21,22]}, [30..32]. Touch the first branch again.
+    tree.match_prefix(RadixKey([1, 2, 3, 4, 10, 11]))
+    # LRU leaf is [20,21,22] (inserted before the match), then [30..32]; evicting 4 takes both
+    assert tree.evict(4) == 6
+    assert sorted(len(n.key) for n in tree.root_node.children.values()) == [4]
+    # now [10, 11] is the only leaf; after it goes, its parent [1..4] becomes a candidate
+    assert tree.evict(5) == 6
+    assert tree.root_node.children == {} and tree.evictable_size() == 0
+
+
+def test_allocation_that_cannot_fit_is_a_typed_oom():
+    tree, pool, alloc = make_tree(8, 1)
+    r = FakeReq(list(range(1, 11)))
+    with pytest.raises(OutOfMemoryError):
+        admit(tree, pool, r)
+
+
+def test_extra_keys_never_share_nodes():
+    tree, pool, alloc = make_tree(32, 1)
+    a = FakeReq([1, 2, 3, 4, 5], extra_key="lora-a")
+    admit(tree, pool, a)
+    finish(tree, a)
+    assert tree.match_prefix(RadixKey([1, 2, 3, 4, 5], "lora-b")).prefix_len == 0
+    assert tree.match_prefix(RadixKey([1, 2, 3, 4, 5])).prefix_len == 0
+    assert tree.match_prefix(RadixKey([1, 2, 3, 4, 5], "lora-a")).prefix_len == 5
+
+
+def test_bare_match_of_a_fully_cached_key_matches_all_of_it():
+    tree, pool, alloc = make_tree(32, 1)
+    a = FakeReq([7, 8, 9])
+    admit(tree, pool, a)
+    finish(tree, a)
+    assert tree.match_prefix(RadixKey([7, 8, 9])).prefix_len == 3  # the len-1 cap is the caller's
+
+
+def test_insert_returns_cached_length_and_keeps_existing_values():
+    tree, pool, alloc = make_tree(32, 1)
+    first = tree.insert(RadixKey([1, 2, 3]), np.array([5, 6, 7]))
+    assert first.prefix_len == 0
+    alloc.alloc(7)  # hold slots 1..7 so the duplicate free below is legal
+    again = tree.insert(RadixKey([1, 2, 3, 4]), np.array([1, 2, 3, 4]))
+    assert again.prefix_len == 3
+    assert as_list(tree.match_prefix(RadixKey([1, 2, 3, 4])).device_indices) == [5, 6, 7, 4]
+    assert as_list(alloc.free_pages)[-3:] == [1, 2, 3]  # the caller's copies of [1, 2, 3] were freed
