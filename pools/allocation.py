@@ -30,6 +30,12 @@ def evict_from_tree_cache(tree_cache, num_tokens: int) -> int:
     return tree_cache.evict_for_alloc(shortfall) if shortfall > 0 else 0
 
 
+def check_decode_capacity(tree_cache, num_tokens: int) -> bool:
+    """Evict the shortfall, then whether ``num_tokens`` slots are free (``check_decode_capacity``)."""
+    evict_from_tree_cache(tree_cache, num_tokens)
+    return tree_cache.token_to_kv_pool_allocator.available_size() >= num_tokens
+
+
 def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow_mamba: bool | None = None):
     """Admission-time match of ``origin + output`` capped at ``len - 1`` (``init_next_round_input``)."""
     n = req.seqlen

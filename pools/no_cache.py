@@ -13,6 +13,7 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 class DisabledRadixCache:
     disable = True
+    num_evicted_tokens = 0
 
     def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int | None = None):
         self.req_to_token_pool = req_to_token_pool

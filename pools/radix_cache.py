@@ -98,6 +98,7 @@ class RadixCache:
         self.root_node.lock_ref = 1
         self.evictable_size_ = 0
         self.protected_size_ = 0
+        self.num_evicted_tokens = 0  # running total, for metrics
         self.evictable_leaves: set[TreeNode] = set()
         self._leaf_heap: list = []  # (last_access_time, id, node); stale entries are skipped
 
@@ -344,6 +345,7 @@ class RadixCache:
         n = len(node.value)
         self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
         self.evictable_size_ -= n
+        self.num_evicted_tokens += n
         self._release_mamba(node)
         parent = node.parent
         del parent.children[self._child_key_of(node)]

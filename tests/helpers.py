@@ -64,3 +64,43 @@ def assert_conserved(tree, reqs, size):
     assert got == size, (alloc.available_size(), tree.evictable_size(), tree.protected_size(), owned)
     tree.check_integrity()
     alloc.check_integrity()
+
+
+class TraceReq:
+    """A trace record with explicit prompt tokens (the ``traces.Request`` interface the simulator reads)."""
+
+    def __init__(self, rid, arrival_s, prompt, output_len, max_new_tokens=None, namespace=None):
+        import numpy as np
+
+        self.rid = rid
+        self.arrival_s = arrival_s
+        self._prompt = np.asarray(prompt, dtype=np.int64)
+        self.input_len = len(self._prompt)
+        self.output_len = output_len
+        self.max_new_tokens = max_new_tokens
+        self.ignore_eos = False
+        self.namespace = namespace
+
+    def prompt_tokens(self):
+        return self._prompt
+
+    def output_tokens(self, n):
+        import numpy as np
+
+        return -(self.rid * 1_000_000 + np.arange(1, n + 1, dtype=np.int64))
+
+
+def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True):
+    """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler)."""
+    from sim.engine import Simulation
+    from sim.metrics import Recorder
+    from sim.server import build_server
+    from sim.step_time import FixedStepTime
+
+    rec = Recorder()
+    sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec)
+    sim = Simulation([sched], FixedStepTime(step), rec,
+                     max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, False),
+                     check_every_step=check)
+    sim.run(trace)
+    return rec.step_frame(), rec.request_frame(), sched

@@ -1,0 +1,108 @@
+"""A request inside the simulated server (SGLang's ``Req``): its lengths, its pool holdings, its timeline."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pools.req_kv import ReqKvInfo
+
+
+class Req:
+    __slots__ = ("rid", "trace_req", "arrival_s", "origin_input_len", "target_output_len", "max_new_tokens",
+                 "ignore_eos", "extra_key", "num_output", "kv", "prefix_len", "extend_end", "last_node", "lock",
+                 "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
+                 "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "cached_tokens",
+                 "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica")
+
+    def __init__(self, rid: int, trace_req, max_new_tokens: int, ignore_eos: bool = False):
+        self.rid = rid
+        self.trace_req = trace_req
+        self.arrival_s = float(trace_req.arrival_s)
+        self.origin_input_len = int(trace_req.input_len)
+        self.target_output_len = int(trace_req.output_len)  # where generation stops (EOS)
+        self.max_new_tokens = int(max_new_tokens)  # what admission reserves for; set_length stops here
+        self.ignore_eos = ignore_eos
+        self.extra_key = getattr(trace_req, "namespace", None)
+        self.num_output = 0  # len(output_ids)
+        self.kv = ReqKvInfo()
+        self.prefix_len = 0
+        self.extend_end = 0
+        self.last_node = None
+        self.lock = None
+        self.mamba_branching_seqlen = None
+        self.retraction_count = 0
+        self.is_retracted = False
+        self.finished_reason: str | None = None  # "length" | "stop" | "abort"
+        self.aborted = False
+        self.inflight_middle_chunks = 0
+        self.num_matched_prefix_tokens = 0
+        self._prompt: np.ndarray | None = None
+        self.cached_tokens: list[int] = []  # prefix hit at each admission
+        self.admission_steps: list[int] = []
+        self.first_token_time: float | None = None
+        self.first_token_step: int | None = None
+        self.finish_time: float | None = None
+        self.finish_step: int | None = None
+        self.replica = 0
+
+    # ---------------------------------------------------------------- lengths
+    @property
+    def seqlen(self) -> int:
+        return self.origin_input_len + self.num_output
+
+    @property
+    def output_stop_len(self) -> int:
+        """Output length at which the request finishes: EOS or max_new_tokens, whichever first."""
+        if self.ignore_eos:
+            return self.max_new_tokens
+        return min(self.target_output_len, self.max_new_tokens)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def next_output_finishes_by_length(self) -> bool:
+        return self.num_output + 1 >= self.max_new_tokens
+
+    def owned_kv_len(self) -> int:
+        if self.finished_reason is None or self.aborted:
+            return self.kv.kv_committed_len
+        return min(self.kv.kv_committed_len, self.origin_input_len + self.num_output)
+
+    # ---------------------------------------------------------------- token identity
+    def prompt_tokens(self) -> np.ndarray:
+        if self._prompt is None:
+            self._prompt = np.asarray(self.trace_req.prompt_tokens(), dtype=np.int64)
+        return self._prompt
+
+    def token_ids(self, n: int) -> np.ndarray:
+        """The first ``n`` tokens of ``origin_input_ids + output_ids``."""
+        prompt = self.prompt_tokens()
+        if n <= len(prompt):
+            return prompt[:n]
+        return np.concatenate([prompt, self.trace_req.output_tokens(n - len(prompt))])
+
+    def drop_token_cache(self) -> None:
+        self._prompt = None
+
+    # ---------------------------------------------------------------- output
+    def append_output(self) -> None:
+        """One sampled token; update the finish state as ``update_finish_state`` does."""
+        self.num_output += 1
+        if self.num_output >= self.max_new_tokens:
+            self.finished_reason = "length"
+        elif not self.ignore_eos and self.num_output >= self.target_output_len:
+            self.finished_reason = "stop"
+
+    def reset_for_retract(self) -> None:
+        self.retraction_count += 1
+        self.prefix_len = 0
+        self.last_node = None
+        self.lock = None
+        self.extend_end = 0
+        self.is_retracted = True
+        self.inflight_middle_chunks = 0
+        self.mamba_branching_seqlen = None
+        self.num_matched_prefix_tokens = 0
+        self.kv.reset_for_retract()
+        self.kv.mamba_pool_idx = None
+        self.kv.mamba_ping_pong_track_buffer = None

@@ -1,0 +1,134 @@
+"""A batch of requests and the memory work done for it (SGLang's ``ScheduleBatch``).
+
+Allocation happens when a batch is prepared (``prepare_for_extend``/``prepare_for_decode``);
+``check_decode_mem`` evicts the shortfall before answering; ``retract_decode`` frees requests
+until the next decode step fits (SGLANG_SPEC.md 6.4).
+"""
+
+from __future__ import annotations
+
+from pools.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    check_decode_capacity,
+    evict_from_tree_cache,
+    release_kv_cache,
+)
+
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per remaining request
+
+
+class ScheduleBatch:
+    __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
+                 "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool")
+
+    def __init__(self, reqs, tree_cache, req_to_token_pool, forward_mode: str = "decode"):
+        self.reqs = list(reqs)
+        self.forward_mode = forward_mode  # extend | decode | mixed
+        self.batch_is_full = False
+        self.decoding_reqs = None  # decode rows riding a mixed prefill batch
+        self.extend_lens: list[int] = []
+        self.prefix_lens: list[int] = []
+        self.decode_seq_lens: list[int] = []
+        self.chunked_req = None
+        self.tree_cache = tree_cache
+        self.req_to_token_pool = req_to_token_pool
+
+    def copy(self) -> "ScheduleBatch":
+        """What the result processor sees: the membership and shape at launch time."""
+        b = ScheduleBatch(self.reqs, self.tree_cache, self.req_to_token_pool, self.forward_mode)
+        b.decoding_reqs = self.decoding_reqs
+        b.extend_lens, b.prefix_lens, b.decode_seq_lens = self.extend_lens, self.prefix_lens, self.decode_seq_lens
+        b.chunked_req = self.chunked_req
+        return b
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def is_extend(self) -> bool:
+        return self.forward_mode in ("extend", "mixed")
+
+    # ---------------------------------------------------------------- membership
+    def filter_batch(self, reqs_to_exclude=(), keep_indices=None) -> None:
+        if keep_indices is None:
+            exclude = set(map(id, reqs_to_exclude))
+            self.reqs = [r for r in self.reqs if not r.finished() and id(r) not in exclude]
+        else:
+            self.reqs = [self.reqs[i] for i in keep_indices]
+
+    def merge_batch(self, other: "ScheduleBatch") -> None:
+        self.reqs.extend(other.reqs)
+
+    # ---------------------------------------------------------------- extend
+    def prepare_for_extend(self) -> None:
+        """Allocate rows, state slots and KV for ``[prefix_len, extend_end)`` of every request."""
+        self.forward_mode = "extend"
+        self.prefix_lens = [r.prefix_len for r in self.reqs]
+        self.extend_lens = [r.extend_end - r.prefix_len for r in self.reqs]
+        alloc_for_extend(self.reqs, self.tree_cache, self.req_to_token_pool)
+        if self.tree_cache.supports_mamba():
+            for r, pre in zip(self.reqs, self.prefix_lens):
+                self.tree_cache.track_after_extend(r, pre, r.extend_end)
+
+    def mix_with_running(self, running: "ScheduleBatch") -> None:
+        self.forward_mode = "mixed"
+        self.decoding_reqs = list(running.reqs)
+        self.decode_seq_lens = running.decode_seq_lens
+        self.reqs.extend(running.reqs)
+
+    # ---------------------------------------------------------------- decode
+    def new_tokens_required_next_decode(self, reqs=None) -> int:
+        reqs = self.reqs if reqs is None else reqs
+        ps = self.tree_cache.token_to_kv_pool_allocator.page_size
+        if ps == 1:
+            return len(reqs)
+        return ps * sum(1 for r in reqs if r.kv.kv_committed_len % ps == 0)
+
+    def check_decode_mem(self, reqs=None) -> bool:
+        return check_decode_capacity(self.tree_cache, self.new_tokens_required_next_decode(reqs))
+
+    def prepare_for_decode(self) -> None:
+        """One new KV slot per request (SGLang allocates it before the forward)."""
+        self.forward_mode = "decode"
+        self.decode_seq_lens = [r.kv.kv_committed_len + 1 for r in self.reqs]
+        alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
+        if self.tree_cache.supports_mamba():
+            for r in self.reqs:
+                self.tree_cache.track_after_decode(r)
+
+    def retract_decode(self):
+        """Release requests (fewest outputs first, ties: longest prompt) until the next decode fits.
+
+        Always retracts at least one; never the last one; aborts the last one if even it cannot fit.
+        Returns (retracted, new_token_ratio, aborted)."""
+        order = sorted(range(len(self.reqs)), key=lambda i: (self.reqs[i].num_output,
+                                                              -self.reqs[i].origin_input_len), reverse=True)
+        retracted, aborted = [], []
+        first = True
+        while first or not self.check_decode_mem([self.reqs[i] for i in order]):
+            if len(order) == 1:
+                break
+            first = False
+            idx = order.pop()
+            self._release_req(self.reqs[idx], len(order))
+            retracted.append(self.reqs[idx])
+        if len(order) <= 1 and not self.check_decode_mem([self.reqs[i] for i in order]):
+            idx = order.pop()
+            req = self.reqs[idx]
+            req.finished_reason, req.aborted = "abort", True
+            self._release_req(req, 0, retract=False)
+            aborted.append(req)
+        self.filter_batch(keep_indices=order)
+        decoded = sum(r.num_output for r in self.reqs)
+        budget = sum(r.max_new_tokens for r in self.reqs)
+        new_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / (budget + 1))
+        return retracted, new_ratio, aborted
+
+    def _release_req(self, req, remaining: int, retract: bool = True) -> None:
+        release_kv_cache(req, self.tree_cache, checkpoint=False)  # nothing inserted: the space is needed now
+        evict_from_tree_cache(self.tree_cache, remaining * RETRACT_DECODE_STEPS)
+        if retract:
+            req.reset_for_retract()

@@ -1,0 +1,296 @@
+"""SGLang 0.5.23's scheduler, one forward step at a time (SGLANG_SPEC.md section 6).
+
+A step: ``get_next_batch_to_run`` (merge the last prefill into the running batch, publish the chunked
+request's last chunk, try a prefill batch, otherwise ``update_running_batch``: check decode memory,
+retract, allocate one slot per request), run it, ``process_batch_result`` (append tokens, finish and
+release, checkpoint prompts into the tree). The overlap loop schedules step i+1 before step i's
+result is processed; the plain loop processes it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pools.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
+from sim.prefill_adder import AddReqResult, PrefillAdder
+from sim.schedule_batch import ScheduleBatch
+from sim.schedule_policy import SchedulePolicy
+
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The resolved numbers one scheduler (one dp rank) runs with."""
+
+    page_size: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    context_len: int
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 8192  # None: chunking disabled
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    enable_overlap: bool = True
+    enable_mixed_chunk: bool = False
+
+
+class NewTokenRatioTracker:
+    def __init__(self, schedule_conservativeness: float):
+        self.init = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        self.min = min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.decay = (self.init - self.min) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.current = self.init
+
+    def decay_step(self) -> None:
+        self.current = max(self.current - self.decay, self.min)
+
+    def reset(self) -> None:
+        self.current = self.init
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, tree_cache, req_to_token_pool, recorder=None, replica: int = 0):
+        self.config = config
+        self.tree_cache = tree_cache
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = tree_cache.token_to_kv_pool_allocator
+        self.page_size = config.page_size
+        self.recorder = recorder
+        self.replica = replica
+        self.policy = SchedulePolicy(config.schedule_policy, tree_cache)
+        self.new_token_ratio = NewTokenRatioTracker(config.schedule_conservativeness)
+        self.waiting_queue: list = []
+        self.running_batch = ScheduleBatch([], tree_cache, req_to_token_pool)
+        self.chunked_req = None
+        self.last_batch: ScheduleBatch | None = None
+        self.result_queue: list[ScheduleBatch] = []  # overlap: launched, not yet processed
+        self.forward_ct = 0
+        self.max_req_len = min(config.context_len - 1, config.max_total_num_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
+        self.step_retracted = 0
+        self.step_aborted: list = []
+        self.now = 0.0
+
+    # ---------------------------------------------------------------- intake
+    def add_request(self, req) -> bool:
+        """Validate and queue a request (``_handle_generate_request``); False if it was aborted."""
+        if req.origin_input_len >= self.max_req_input_len:
+            self._abort(req, "input longer than the context or the KV pool")
+            return False
+        max_new = min(req.max_new_tokens, self.max_req_len - req.origin_input_len - 1)
+        paged_input = -(-req.origin_input_len // self.page_size) * self.page_size
+        capacity = self.config.max_total_num_tokens
+        req.max_new_tokens = max(0, min(max_new, capacity - paged_input - self.page_size - 1))
+        self.waiting_queue.append(req)
+        return True
+
+    def _abort(self, req, why: str) -> None:
+        req.finished_reason, req.aborted = "abort", True
+        req.finish_time = self.now
+        self.step_aborted.append(req)
+        if self.recorder is not None:
+            self.recorder.on_finish(req)
+
+    # ---------------------------------------------------------------- scheduling
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        exclude = []
+        if self.chunked_req is not None:
+            exclude.append(self.chunked_req)
+            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
+                checkpoint_kv_cache(self.chunked_req, self.tree_cache)  # stash_chunked_request
+        last = self.last_batch
+        running = self.running_batch
+        if last is not None and last.is_extend():
+            if last.chunked_req is not None:
+                exclude.append(last.chunked_req)
+            last_bs = last.batch_size()
+            last.filter_batch(reqs_to_exclude=exclude)
+            if last.batch_size() < last_bs:
+                running.batch_is_full = False
+            if not last.is_empty() and last is not running:
+                if running.is_empty():
+                    running = ScheduleBatch(last.reqs, self.tree_cache, self.req_to_token_pool)
+                else:
+                    running.merge_batch(last)
+        bs = running.batch_size()
+        running.filter_batch()
+        if running.batch_size() < bs:
+            running.batch_is_full = False
+        self.running_batch = running
+
+        new_batch = self.get_new_batch_prefill()
+        if new_batch is not None:
+            return new_batch
+        if not self.running_batch.is_empty():
+            batch = self.update_running_batch(self.running_batch)
+            return batch if batch is not None and not batch.is_empty() else None
+        return None
+
+    def _num_allocatable_reqs(self, num_held_rows: int = 0) -> int:
+        pp_budget = self.config.max_running_requests - self.running_batch.batch_size()
+        return min(pp_budget, max(self.req_to_token_pool.available_size() + num_held_rows, 0))
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        running = self.running_batch
+        if running.is_empty():
+            running.batch_is_full = False
+        if (running.batch_is_full or not self.waiting_queue) and self.chunked_req is None:
+            return None
+        if self._num_allocatable_reqs() <= 0 and self.chunked_req is None:
+            running.batch_is_full = True
+            return None
+        self.policy.calc_priority(self.waiting_queue)
+        mixed = self.config.enable_mixed_chunk
+        adder = PrefillAdder(self.page_size, self.tree_cache, running, self.new_token_ratio.current,
+                             self.config.max_prefill_tokens, self.config.chunked_prefill_size,
+                             running.batch_size() if mixed else 0)
+        if self.chunked_req is not None:
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+
+        mamba_allocator = getattr(self.req_to_token_pool, "mamba_allocator", None)
+        if mamba_allocator is not None:
+            mamba_allocator.alloc_group_begin(len(self.waiting_queue))
+        for req in self.waiting_queue:
+            if adder.budget_state() == AddReqResult.OTHER:
+                break
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self._num_allocatable_reqs(held):
+                running.batch_is_full = True
+            if running.batch_is_full:
+                break
+            match_prefix_for_req(req, self.tree_cache)  # init_next_round_input: match capped at len - 1
+            res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None)
+            if res != AddReqResult.CONTINUE:
+                if res == AddReqResult.NO_TOKEN:
+                    running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
+                added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
+                if not added:  # a copy-on-write slot taken at match time goes back
+                    req.kv.mamba_cow_src_index = None
+                    if req.kv.holds_mamba and mamba_allocator is not None:
+                        mamba_allocator.free([req.kv.mamba_pool_idx])
+                        req.kv.mamba_pool_idx = None
+                break
+        if mamba_allocator is not None:
+            mamba_allocator.alloc_group_end()
+
+        can_run = adder.can_run_list
+        if not can_run:
+            return None
+        chosen = set(map(id, can_run))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+        for r in can_run:
+            r.cached_tokens.append(r.prefix_len)
+            r.admission_steps.append(self.forward_ct)
+            r.is_retracted = False
+        batch = ScheduleBatch(can_run, self.tree_cache, self.req_to_token_pool, "extend")
+        batch.chunked_req = self.chunked_req
+        batch.prepare_for_extend()
+        if mixed and not running.is_empty():
+            finishing = self._reqs_finishing_inflight(running)
+            running.filter_batch(reqs_to_exclude=finishing)
+            if finishing:
+                running.batch_is_full = False
+            if not running.is_empty() and running.check_decode_mem():
+                running.prepare_for_decode()
+                batch.mix_with_running(running)
+                self.running_batch = ScheduleBatch([], self.tree_cache, self.req_to_token_pool)
+                self.running_batch.batch_is_full = running.batch_is_full
+        return batch
+
+    def _reqs_finishing_inflight(self, batch: ScheduleBatch) -> list:
+        """Overlap: requests whose queued (unprocessed) result finishes them by length skip this step."""
+        if not self.config.enable_overlap or not self.result_queue:
+            return []
+        queued = set(map(id, self.result_queue[0].reqs))
+        return [r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()]
+
+    def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
+        initial_bs = batch.batch_size()
+        finishing = self._reqs_finishing_inflight(batch)
+        batch.filter_batch(reqs_to_exclude=finishing)
+        if batch.is_empty():
+            batch.batch_is_full = False
+            return batch
+        full = not batch.check_decode_mem()
+        if full and finishing:
+            batch.batch_is_full = False  # the queued result frees their KV this step
+            return None
+        if full:
+            retracted, ratio, aborted = batch.retract_decode()
+            self.new_token_ratio.current = ratio
+            self.step_retracted += len(retracted)
+            for req in aborted:
+                req.finish_time = self.now
+                self.step_aborted.append(req)
+                if self.recorder is not None:
+                    self.recorder.on_finish(req)
+            self.waiting_queue.extend(retracted)
+        else:
+            self.new_token_ratio.decay_step()
+        if batch.batch_size() < initial_bs:
+            batch.batch_is_full = False
+        if batch.is_empty():
+            return batch
+        batch.prepare_for_decode()
+        return batch
+
+    # ---------------------------------------------------------------- results
+    def process_batch_result(self, batch: ScheduleBatch, end_time: float, step: int) -> None:
+        self.allocator.free_group_begin()
+        try:
+            if batch.is_extend():
+                self._process_prefill_result(batch, end_time, step)
+            else:
+                self._process_decode_reqs(batch.reqs, end_time, step)
+        finally:
+            self.allocator.free_group_end()
+
+    def _process_prefill_result(self, batch: ScheduleBatch, end_time: float, step: int) -> None:
+        decoding = set(map(id, batch.decoding_reqs or ()))
+        for req in batch.reqs:
+            if id(req) in decoding:
+                if not (self.config.enable_overlap and (req.finished() or req.is_retracted)):
+                    self._process_decode_reqs([req], end_time, step)
+                continue
+            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks <= 0:
+                req.append_output()
+                if req.first_token_time is None:
+                    req.first_token_time, req.first_token_step = end_time, step
+                if req.finished():
+                    self._finish(req, end_time, step)
+                else:
+                    checkpoint_kv_cache(req, self.tree_cache)
+            else:
+                req.inflight_middle_chunks -= 1
+
+    def _process_decode_reqs(self, reqs, end_time: float, step: int) -> None:
+        overlap = self.config.enable_overlap
+        for req in reqs:
+            if overlap and (req.finished() or req.is_retracted):
+                continue  # a finished request rode one extra step: its slot is freed at release
+            req.append_output()
+            if req.finished():
+                self._finish(req, end_time, step)
+
+    def _finish(self, req, end_time: float, step: int) -> None:
+        release_kv_cache(req, self.tree_cache, checkpoint=True)
+        req.finish_time, req.finish_step = end_time, step
+        req.drop_token_cache()
+        if self.recorder is not None:
+            self.recorder.on_finish(req)
+
+    def on_idle(self) -> None:
+        self.new_token_ratio.reset()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue) or not self.running_batch.is_empty() or self.chunked_req is not None \
+            or bool(self.result_queue)

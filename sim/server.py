@@ -1,0 +1,51 @@
+"""Build one simulated SGLang server (one dp rank): pools, tree cache and scheduler from resolved numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pools import (
+    DisabledRadixCache,
+    HybridReqToTokenPool,
+    MambaRadixCache,
+    PagedTokenToKVPoolAllocator,
+    RadixCache,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+)
+from pools.mamba_pool import MambaCacheParams
+from sim.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """The state pool of a hybrid linear-attention model."""
+
+    max_mamba_cache_size: int
+    cache_params: MambaCacheParams
+    strategy: str = "no_buffer"  # no_buffer | extra_buffer
+    ping_pong_track_buffer_size: int = 0  # extra_buffer: 2 with the overlap schedule, 1 without
+    mamba_track_interval: int = 256
+
+
+def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
+                 recorder=None, replica: int = 0) -> Scheduler:
+    rows = config.max_running_requests
+    if mamba is None:
+        pool = ReqToTokenPool(rows, config.context_len)
+    else:
+        buffers = mamba.ping_pong_track_buffer_size if mamba.strategy == "extra_buffer" else 0
+        pool = HybridReqToTokenPool(rows, config.context_len, mamba.max_mamba_cache_size, mamba.cache_params,
+                                    mamba_ping_pong_track_buffer_size=buffers)
+    if config.page_size == 1:
+        allocator = TokenToKVPoolAllocator(config.max_total_num_tokens)
+    else:
+        allocator = PagedTokenToKVPoolAllocator(config.max_total_num_tokens, config.page_size)
+    if disable_radix_cache:
+        tree = DisabledRadixCache(pool, allocator)
+    elif mamba is not None:
+        tree = MambaRadixCache(pool, allocator, strategy=mamba.strategy,
+                               mamba_track_interval=mamba.mamba_track_interval)
+    else:
+        tree = RadixCache(pool, allocator)
+    return Scheduler(config, tree, pool, recorder=recorder, replica=replica)

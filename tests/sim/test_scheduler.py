@@ -1,0 +1,130 @@
+"""Hand-sized scheduler scenarios; every expected value is derived in the comments from SGLANG_SPEC.md 6."""
+
+import pytest
+
+from sim.scheduler import SchedulerConfig
+from tests.helpers import TraceReq, run_sim
+
+STEP = 0.01  # seconds per forward step (FixedStepTime)
+
+
+def cfg(pool, overlap=False, chunk=8192, rows=4, ctx=64, page=1, **kw):
+    return SchedulerConfig(page_size=page, max_total_num_tokens=pool, max_running_requests=rows, context_len=ctx,
+                           chunked_prefill_size=chunk, enable_overlap=overlap, **kw)
+
+
+def prompt(base, n):
+    return [base + i for i in range(n)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_token_blocks_admission_until_a_request_leaves(overlap):
+    """Pool 16, two 6-token prompts with 4-token outputs.
+
+    A: extend 6 + max_new 4 + page 1 = 11 < 16 -> admitted; total_offset 11, so B's 11 < 16 - 11 = 5 fails:
+    NO_TOKEN sets batch_is_full, which only clears when a request leaves the running batch, although
+    the pool keeps room for B all along. A: prefill (step 0) + 3 decodes (steps 1-3) -> 4 tokens.
+    B: prefill at step 4, decodes 5-7. B's second decode (step 6) finds 0 free slots: it evicts A's
+    3-token output leaf (LRU), leaving A's 6-token prompt node cached.
+    """
+    trace = [TraceReq(0, 0.0, prompt(1, 6), 4), TraceReq(1, 0.0, prompt(100, 6), 4)]
+    steps, reqs, _ = run_sim(trace, cfg(16, overlap))
+    assert list(steps["kind"]) == ["extend", "decode", "decode", "decode", "extend", "decode", "decode", "decode"]
+    assert list(reqs["admission_steps"]) == ["0", "4"]
+    assert list(reqs["finish_step"]) == [3, 7]
+    assert list(steps["evicted_tokens"]) == [0, 0, 0, 0, 0, 0, 3, 0]
+    assert reqs["output_len"].tolist() == [4, 4]
+    # A's first token at the end of step 0, B's at the end of step 4
+    assert reqs["first_token_s"].tolist() == pytest.approx([STEP, 5 * STEP])
+
+
+def test_forced_retraction():
+    """Pool 33, A and B: 4-token prompts, 14-token outputs (max_new 14). A arrives at 0, B at 0.005.
+
+    Step 0: A prefills. Step 1: B's budget: total_offset = (14 - 1) x 0.7 = 9.1, avail 33 - 4 = 29,
+    B needs 4 + 14 + 1 = 19 < 29 - 9.1 = 19.9 -> admitted. From step 2 both decode, 2 slots a step:
+    after step 13 one slot is left; step 14 needs 2 -> retract. Equal outputs (13) and prompts (4):
+    the later request, B, goes. Its 12 own slots are freed without insert; the 20-token headroom
+    evicts B's now-unlocked 4-token prompt. new_token_ratio = min(1, (13 + 20) / (14 + 1)) = 1.
+    A finishes at step 14; B re-prefills all 17 tokens (prompt + 13 outputs, nothing cached) at step 15
+    and its first new token is its 14th: it finishes there.
+    """
+    trace = [TraceReq(0, 0.0, prompt(1, 4), 14), TraceReq(1, 0.005, prompt(100, 4), 14)]
+    steps, reqs, _ = run_sim(trace, cfg(33))
+    assert steps["retracted"].tolist() == [0] * 14 + [1, 0]
+    assert steps["evicted_tokens"].tolist()[14] == 4
+    assert steps["new_token_ratio"].iloc[14] == 1.0
+    assert steps["available_size"].iloc[13] == 1
+    b = reqs.iloc[1]
+    assert (b["retraction_count"], b["admission_steps"], b["cached_tokens"]) == (1, "1 15", "0 0")
+    assert steps["prefill_tokens"].iloc[15] == 17
+    assert reqs["finish_step"].tolist() == [14, 15]
+    assert reqs["output_len"].tolist() == [14, 14]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_chunked_prompt(overlap):
+    """chunked_prefill_size 8, a 20-token prompt, 3 outputs: chunks of 8, 8, 4, each published into the
+    tree before the next (so the next chunk's prefix is cached), then 2 decode steps.
+    The overlap loop plans chunk k+1 before chunk k's result lands; timings are the same here."""
+    trace = [TraceReq(0, 0.0, prompt(1, 20), 3)]
+    steps, reqs, _ = run_sim(trace, cfg(64, overlap, chunk=8))
+    assert steps["kind"].tolist() == ["extend"] * 3 + ["decode"] * 2
+    assert steps["prefill_tokens"].tolist() == [8, 8, 4, 0, 0]
+    assert steps["cached_prefill_tokens"].tolist() == [0, 8, 16, 0, 0]
+    r = reqs.iloc[0]
+    assert (r["first_token_step"], r["finish_step"]) == (2, 4)
+    assert r["ttft_s"] == pytest.approx(3 * STEP)
+
+
+def test_full_prefix_hit_costs_one_token():
+    """A (10-token prompt, 2 outputs) finishes and inserts 11 tokens; B has the same prompt: the len-1 cap
+    matches 9, so B prefills 1 token (whose slot is freed as a duplicate when B's prompt is published)."""
+    trace = [TraceReq(0, 0.0, prompt(1, 10), 2), TraceReq(1, 1.0, prompt(1, 10), 2)]
+    steps, reqs, sched = run_sim(trace, cfg(64))
+    assert reqs["cached_tokens"].tolist() == ["0", "9"]
+    b_prefill = steps[(steps["kind"] == "extend") & (steps["time_s"] >= 1.0)].iloc[0]
+    assert (b_prefill["prefill_tokens"], b_prefill["cached_prefill_tokens"]) == (1, 9)
+    # A's tokens (10 prompt + 1 decoded) and B's decoded token stay cached; nothing leaked
+    assert sched.tree_cache.evictable_size() == 12
+    assert sched.allocator.available_size() == 64 - 12
+
+
+def test_request_that_can_never_fit_is_aborted():
+    """max_req_len = min(context 64 - 1, pool 40 - 1) = 39; inputs of 39 - 5 = 34 tokens or more are refused."""
+    trace = [TraceReq(0, 0.0, prompt(1, 34), 4), TraceReq(1, 0.0, prompt(100, 33), 4)]
+    steps, reqs, _ = run_sim(trace, cfg(40))
+    assert reqs["aborted"].tolist() == [True, False]
+    assert reqs["finished_reason"].tolist() == ["abort", "length"]
+    # max_new is clipped to the empty-pool bound: 40 - 33 - 1 - 1 = 5 >= 4, and to 39 - 33 - 1 = 5
+    assert reqs["max_new_tokens"].tolist()[1] == 4
+
+
+def test_max_new_tokens_is_clipped_to_memory():
+    # 30-token prompt in a 40-token pool: min(requested 20, 39 - 30 - 1 = 8, 40 - 30 - 1 - 1 = 8) = 8
+    trace = [TraceReq(0, 0.0, prompt(1, 30), 20)]
+    _, reqs, _ = run_sim(trace, cfg(40))
+    assert reqs["max_new_tokens"].tolist() == [8] and reqs["output_len"].tolist() == [8]
+
+
+def test_eos_finish_rides_one_extra_step_under_overlap():
+    """Output stops by EOS at 3 tokens while max_new_tokens is 10. The overlap loop cannot know: it plans
+    a 4th decode step (one more slot) before the 3rd token's result lands; the plain loop does not.
+    A length finish is known in advance (next_output_finishes_by_length) and costs no extra step."""
+    eos = [TraceReq(0, 0.0, prompt(1, 5), 3, max_new_tokens=10)]
+    plain, _, s1 = run_sim(eos, cfg(64, overlap=False))
+    over, _, s2 = run_sim(eos, cfg(64, overlap=True))
+    assert len(plain) == 3 and len(over) == 4
+    # overlap: the extra step's KV (token 8) was committed, so 5 + 3 = 8 tokens are cached, not 7
+    assert s1.tree_cache.evictable_size() == 7 and s2.tree_cache.evictable_size() == 8
+    length = [TraceReq(0, 0.0, prompt(1, 5), 3)]
+    over_len, _, _ = run_sim(length, cfg(64, overlap=True))
+    assert len(over_len) == 3
+
+
+def test_determinism_same_csv_bytes():
+    trace = [TraceReq(i, 0.001 * i, prompt(1 + (i % 3) * 50, 12), 5 + i % 4) for i in range(12)]
+    a = run_sim(trace, cfg(60, overlap=True))
+    b = run_sim(trace, cfg(60, overlap=True))
+    assert a[0].to_csv(index=False) == b[0].to_csv(index=False)
+    assert a[1].to_csv(index=False) == b[1].to_csv(index=False)
