@@ -155,11 +155,20 @@ class Simulation:
             mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size() +
             (tree.mamba_protected_size() if hasattr(tree, "mamba_protected_size") else 0),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
+            self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
         ))
         sched.step_retracted = 0
         sched.step_aborted = []
         if self.progress is not None:
             self.progress(len(self.recorder.requests), end)
+
+    @staticmethod
+    def _partial_page_tokens(sched: Scheduler) -> int:
+        """Slots allocated but not yet filled in the running requests' last pages."""
+        ps = sched.page_size
+        if ps == 1:
+            return 0
+        return sum((-r.kv.kv_allocated_len) % ps for r in sched.running_batch.reqs)
 
     @staticmethod
     def _check(sched: Scheduler, reqs: list[Req]) -> None:

@@ -9,13 +9,13 @@ STEP_COLUMNS = (
     "step", "replica", "time_s", "duration_s", "kind", "batch_size", "running", "waiting",
     "prefill_tokens", "cached_prefill_tokens", "decode_tokens", "available_size", "evictable_size",
     "protected_size", "free_req_rows", "mamba_free_slots", "mamba_cached_states", "retracted", "aborted",
-    "evicted_tokens", "new_token_ratio",
+    "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
 )
 
 REQUEST_COLUMNS = (
     "rid", "replica", "arrival_s", "input_len", "output_len", "max_new_tokens", "admission_steps",
     "first_token_step", "finish_step", "first_token_s", "finish_s", "cached_tokens", "cached_tokens_first",
-    "retraction_count", "aborted", "finished_reason",
+    "retraction_count", "aborted", "finished_reason", "tokens_not_cached",
 )
 
 
@@ -33,7 +33,7 @@ class Recorder:
             " ".join(map(str, req.admission_steps)), req.first_token_step, req.finish_step,
             req.first_token_time, req.finish_time, " ".join(map(str, req.cached_tokens)),
             req.cached_tokens[0] if req.cached_tokens else 0, req.retraction_count, req.aborted,
-            req.finished_reason,
+            req.finished_reason, req.tokens_not_cached,
         ))
 
     def step_frame(self) -> pd.DataFrame:

@@ -12,7 +12,8 @@ class Req:
                  "ignore_eos", "extra_key", "num_output", "kv", "prefix_len", "extend_end", "last_node", "lock",
                  "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
                  "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "cached_tokens",
-                 "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica")
+                 "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica",
+                 "tokens_not_cached")
 
     def __init__(self, rid: int, trace_req, max_new_tokens: int, ignore_eos: bool = False):
         self.rid = rid
@@ -44,6 +45,7 @@ class Req:
         self.finish_time: float | None = None
         self.finish_step: int | None = None
         self.replica = 0
+        self.tokens_not_cached = 0  # KV computed but not kept by the tree at finish (unaligned tail, no state)
 
     # ---------------------------------------------------------------- lengths
     @property

@@ -72,6 +72,7 @@ class Scheduler:
         self.max_req_input_len = self.max_req_len - 5
         self.step_retracted = 0
         self.step_aborted: list = []
+        self.retraction_events: list[tuple] = []  # (time_s, running requests, KV tokens held) at each retraction
         self.now = 0.0
 
     # ---------------------------------------------------------------- intake
@@ -223,6 +224,8 @@ class Scheduler:
             batch.batch_is_full = False  # the queued result frees their KV this step
             return None
         if full:
+            held = self.config.max_total_num_tokens - self.allocator.available_size() - self.tree_cache.evictable_size()
+            self.retraction_events.append((self.now, batch.batch_size(), held))
             retracted, ratio, aborted = batch.retract_decode()
             self.new_token_ratio.current = ratio
             self.step_retracted += len(retracted)
@@ -282,7 +285,9 @@ class Scheduler:
                 self._finish(req, end_time, step)
 
     def _finish(self, req, end_time: float, step: int) -> None:
+        owned = req.owned_kv_len()
         release_kv_cache(req, self.tree_cache, checkpoint=True)
+        req.tokens_not_cached = owned - min(req.kv.cache_protected_len, owned)
         req.finish_time, req.finish_step = end_time, step
         req.drop_token_cache()
         if self.recorder is not None:
