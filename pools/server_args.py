@@ -26,6 +26,8 @@ class ServerArgs:
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
+    attention_backend: str | None = None  # None: SGLang's default for the GPU (fa3 on Hopper, ...)
+    disable_cuda_graph: bool = False
     # hybrid linear-attention (KDA / GDN / Mamba2) models
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: str | None = None  # None: config's mamba_ssm_dtype, else float32

@@ -1,0 +1,98 @@
+"""Accelerators poolsim can size for: memory, HBM bandwidth and dense peak FLOP/s, each from its datasheet.
+
+``memory_mib`` is what SGLang's capacity probe reads (``get_device_memory_capacity``,
+``srt/utils/common.py:990``): ``nvidia-smi --query-gpu=memory.total`` in MiB on NVIDIA
+(``:802-837``), ``rocminfo`` pool 1 size / 1024 on AMD (``:682-707``). SGLang picks its
+``chunked_prefill_size``, CUDA-graph batch size and default ``mem_fraction_static`` from it.
+``memory_bytes`` is the total that ``torch.cuda.mem_get_info`` starts from.
+FLOP/s are dense (no 2:4 sparsity); ``fp8_flops`` is None where the chip has no FP8 tensor cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MIB = 2**20
+GIB = 2**30
+TB = 10**12  # datasheets quote decimal TB/s and TFLOP/s
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_mib: float  # as SGLang's capacity probe reports it
+    hbm_bandwidth: float  # B/s
+    bf16_flops: float  # dense FLOP/s
+    fp8_flops: float | None  # dense FLOP/s; None: no FP8 tensor cores
+    arch: str  # sm80 | sm89 | sm90 | sm100 | gfx942: picks SGLang's default attention backend
+    memory_bytes: int | None = None  # physical total if it differs from memory_mib (AMD)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.memory_bytes if self.memory_bytes is not None else int(self.memory_mib * MIB)
+
+    @property
+    def vendor(self) -> str:
+        return "amd" if self.arch.startswith("gfx") else "nvidia"
+
+    @staticmethod
+    def custom(name: str = "custom", memory_gib: float = 80.0, bandwidth_tbs: float = 3.35,
+               bf16_tflops: float = 989.0, fp8_tflops: float | None = None, arch: str = "sm90") -> "GPUSpec":
+        """A GPU from flags: memory in GiB, bandwidth in TB/s, dense TFLOP/s."""
+        if memory_gib <= 0 or bandwidth_tbs <= 0 or bf16_tflops <= 0:
+            raise ValueError(f"custom GPU needs positive memory ({memory_gib} GiB), bandwidth "
+                             f"({bandwidth_tbs} TB/s) and bf16 FLOP/s ({bf16_tflops} TFLOP/s)")
+        if arch not in ARCHS:
+            raise ValueError(f"custom GPU arch {arch!r} is not one of {', '.join(ARCHS)}")
+        return GPUSpec(name=name, memory_mib=memory_gib * 1024, hbm_bandwidth=bandwidth_tbs * TB,
+                       bf16_flops=bf16_tflops * TB, fp8_flops=None if fp8_tflops is None else fp8_tflops * TB,
+                       arch=arch)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+ARCHS = ("sm80", "sm89", "sm90", "sm100", "gfx942")
+
+GPU_CATALOG: dict[str, GPUSpec] = {
+    # NVIDIA H100 SXM5 80GB datasheet (nvidia.com/en-us/data-center/h100): HBM3 3.35 TB/s,
+    # BF16 1,979 TFLOPS and FP8 3,958 TFLOPS "with sparsity" -> dense is half.
+    # nvidia-smi memory.total 81559 MiB (e.g. sgl-project/sglang#7478).
+    "h100": GPUSpec("H100 80GB SXM", 81559, 3.35 * TB, 989.5 * TB, 1979 * TB, "sm90"),
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s,
+    # BF16 1,979 / FP8 3,958 TFLOPS with sparsity. nvidia-smi memory.total 143771 MiB.
+    "h200": GPUSpec("H200 141GB SXM", 143771, 4.8 * TB, 989.5 * TB, 1979 * TB, "sm90"),
+    # NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx): per GPU 180 GB HBM3e, 8 TB/s,
+    # FP8 9 PFLOPS and BF16 4.5 PFLOPS with sparsity -> 4.5 / 2.25 PFLOPS dense.
+    # nvidia-smi memory.total 183359 MiB.
+    "b200": GPUSpec("B200 180GB", 183359, 8.0 * TB, 2250 * TB, 4500 * TB, "sm100"),
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): A100 80GB SXM 2,039 GB/s,
+    # A100 40GB SXM 1,555 GB/s; BF16 312 TFLOPS dense; no FP8. nvidia-smi 81920 / 40960 MiB.
+    "a100-80gb": GPUSpec("A100 80GB SXM", 81920, 2.039 * TB, 312 * TB, None, "sm80"),
+    "a100-40gb": GPUSpec("A100 40GB SXM", 40960, 1.555 * TB, 312 * TB, None, "sm80"),
+    # NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s; BF16 362.05 TFLOPS, FP8 733 TFLOPS dense
+    # (733 / 1,466 with sparsity). nvidia-smi memory.total 46068 MiB.
+    "l40s": GPUSpec("L40S 48GB", 46068, 0.864 * TB, 362.05 * TB, 733 * TB, "sm89"),
+    # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s; BF16 242 / FP8 485 TFLOPS with sparsity
+    # -> 121 / 242.5 dense. nvidia-smi memory.total 23034 MiB.
+    "l4": GPUSpec("L4 24GB", 23034, 0.300 * TB, 121 * TB, 242.5 * TB, "sm89"),
+    # AMD Instinct MI300X datasheet (amd.com): 192 GB HBM3 5.3 TB/s; BF16 1,307.4 TFLOPS and
+    # FP8 2,614.9 TFLOPS dense. rocminfo pool 1: 201310208 KB -> 196592 MiB (what SGLang reads);
+    # rocm-smi VRAM Total Memory 205822885888 B (what torch sees).
+    "mi300x": GPUSpec("MI300X 192GB", 196592, 5.3 * TB, 1307.4 * TB, 2614.9 * TB, "gfx942",
+                      memory_bytes=205822885888),
+}
+
+_ALIASES = {
+    "h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200", "b200-180gb": "b200",
+    "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb", "l40s-48gb": "l40s", "l4-24gb": "l4",
+}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    key = name.strip().lower().replace("_", "-").replace(" ", "-")
+    key = _ALIASES.get(key, key)
+    try:
+        return GPU_CATALOG[key]
+    except KeyError:
+        raise ValueError(f"--gpu {name!r} is not in the catalog; known: {', '.join(GPU_CATALOG)}") from None
