@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import typing
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +28,77 @@ def _fail(error: Exception) -> None:
     """Bad input: one line on stderr, exit code 2, nothing written."""
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(2)
+
+
+# SGLang server flags shared by every command that builds a server: name -> (type, typer.Option).
+SERVER_OPTIONS = {
+    "model": (str, typer.Option(..., "--model", help="Catalog name (see `poolsim models`) or a config.json path.")),
+    "gpu": (Optional[str], typer.Option(None, "--gpu", help="Catalog name (see `poolsim gpus`).")),
+    "tp": (int, typer.Option(1, "--tp", "--tp-size")),
+    "dp": (int, typer.Option(1, "--dp", "--dp-size", help="Data-parallel replicas (each with tp GPUs).")),
+    "mem_fraction_static": (Optional[float], typer.Option(None, "--mem-fraction-static")),
+    "page_size": (int, typer.Option(1, "--page-size")),
+    "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="auto|bfloat16|fp8_e4m3|fp8_e5m2")),
+    "context_length": (Optional[int], typer.Option(None, "--context-length")),
+    "max_running_requests": (Optional[int], typer.Option(None, "--max-running-requests")),
+    "max_total_tokens": (Optional[int], typer.Option(None, "--max-total-tokens")),
+    "max_prefill_tokens": (int, typer.Option(16384, "--max-prefill-tokens")),
+    "chunked_prefill_size": (Optional[int], typer.Option(None, "--chunked-prefill-size",
+                                                         help="-1 disables chunking; unset: SGLang's default.")),
+    "schedule_policy": (str, typer.Option("fcfs", "--schedule-policy", help="fcfs|lpm")),
+    "schedule_conservativeness": (float, typer.Option(1.0, "--schedule-conservativeness")),
+    "max_mamba_cache_size": (Optional[int], typer.Option(None, "--max-mamba-cache-size")),
+    "mamba_ssm_dtype": (Optional[str], typer.Option(None, "--mamba-ssm-dtype", help="float32|bfloat16|float16")),
+    "mamba_full_memory_ratio": (float, typer.Option(0.9, "--mamba-full-memory-ratio")),
+    "mamba_radix_cache_strategy": (str, typer.Option("auto", "--mamba-radix-cache-strategy")),
+    "attention_backend": (Optional[str], typer.Option(None, "--attention-backend")),
+    "disable_radix_cache": (bool, typer.Option(False, "--disable-radix-cache")),
+    "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule")),
+    "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk")),
+    "runtime_overhead_gib": (Optional[float], typer.Option(
+        None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
+        "3.11 GiB above; from SGLang logs).")),
+    "gpu_memory_gib": (Optional[float], typer.Option(None, "--gpu-memory-gib", help="Custom GPU: memory (GiB).")),
+    "gpu_bandwidth_tbs": (Optional[float], typer.Option(None, "--gpu-bandwidth-tbs", help="Custom GPU: HBM TB/s.")),
+    "gpu_bf16_tflops": (Optional[float], typer.Option(None, "--gpu-bf16-tflops", help="Custom GPU: dense bf16.")),
+    "gpu_fp8_tflops": (Optional[float], typer.Option(None, "--gpu-fp8-tflops", help="Custom GPU: dense fp8.")),
+    "gpu_arch": (Optional[str], typer.Option(None, "--gpu-arch", help="Custom GPU: sm80|sm89|sm90|sm100|gfx942.")),
+}
+
+
+def with_server_options(command):
+    """Give a command every SGLang server flag; it receives them as one dict, ``server``."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "server"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+             for name, (kind, opt) in SERVER_OPTIONS.items()]
+    hints = typing.get_type_hints(command)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        server = {name: kwargs.pop(name) for name in SERVER_OPTIONS}
+        return command(server=server, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(
+        [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own] + extra)
+    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()}}
+    del wrapper.__wrapped__  # typer must see the new signature, not the original's
+    return wrapper
+
+
+def _server(server: dict):
+    """(ModelConfig, GPUSpec, ServerArgs, runtime_overhead_gib) from the shared flags."""
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+
+    s = dict(server)
+    model = ModelConfig.load(s.pop("model"))
+    gpu = _gpu(s.pop("gpu"), s.pop("gpu_memory_gib"), s.pop("gpu_bandwidth_tbs"), s.pop("gpu_bf16_tflops"),
+               s.pop("gpu_fp8_tflops"), s.pop("gpu_arch"))
+    overhead = s.pop("runtime_overhead_gib")
+    s["tp_size"], s["dp_size"] = s.pop("tp"), s.pop("dp")
+    if s["dp_size"] < 1:
+        raise ValueError(f"--dp {s['dp_size']}: must be >= 1")
+    return model, gpu, ServerArgs(**s), overhead
 
 
 def _gpu(name, memory_gib, bandwidth_tbs, bf16_tflops, fp8_tflops, arch):
@@ -77,32 +151,9 @@ def _compare(model, gpu, args, against, against_tp, overhead, lengths):
 
 
 @app.command()
+@with_server_options
 def plan(
-    model: str = typer.Option(..., "--model", help="Catalog name (see `poolsim models`) or a config.json path."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Catalog name (see `poolsim gpus`)."),
-    tp: int = typer.Option(1, "--tp", "--tp-size"),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static"),
-    page_size: int = typer.Option(1, "--page-size"),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto|bfloat16|fp8_e4m3|fp8_e5m2"),
-    context_length: Optional[int] = typer.Option(None, "--context-length"),
-    max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests"),
-    max_total_tokens: Optional[int] = typer.Option(None, "--max-total-tokens"),
-    max_mamba_cache_size: Optional[int] = typer.Option(None, "--max-mamba-cache-size"),
-    mamba_ssm_dtype: Optional[str] = typer.Option(None, "--mamba-ssm-dtype", help="float32|bfloat16|float16"),
-    mamba_full_memory_ratio: float = typer.Option(0.9, "--mamba-full-memory-ratio"),
-    mamba_radix_cache_strategy: str = typer.Option("auto", "--mamba-radix-cache-strategy"),
-    chunked_prefill_size: Optional[int] = typer.Option(None, "--chunked-prefill-size"),
-    attention_backend: Optional[str] = typer.Option(None, "--attention-backend"),
-    disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache"),
-    disable_overlap_schedule: bool = typer.Option(False, "--disable-overlap-schedule"),
-    runtime_overhead_gib: Optional[float] = typer.Option(
-        None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
-        "3.11 GiB above; from SGLang logs)."),
-    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="Custom GPU: memory (GiB)."),
-    gpu_bandwidth_tbs: Optional[float] = typer.Option(None, "--gpu-bandwidth-tbs", help="Custom GPU: HBM TB/s."),
-    gpu_bf16_tflops: Optional[float] = typer.Option(None, "--gpu-bf16-tflops", help="Custom GPU: dense bf16."),
-    gpu_fp8_tflops: Optional[float] = typer.Option(None, "--gpu-fp8-tflops", help="Custom GPU: dense fp8."),
-    gpu_arch: Optional[str] = typer.Option(None, "--gpu-arch", help="Custom GPU: sm80|sm89|sm90|sm100|gfx942."),
+    server: dict,
     concurrency_at: str = typer.Option("1024,8192,32768,131072", "--concurrency-at",
                                        help="Comma-separated context lengths for the concurrency table."),
     compare: bool = typer.Option(False, "--compare", help="Hybrid vs the same model with every layer full attention."),
@@ -112,22 +163,12 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """How many KV tokens, request rows and state slots SGLang 0.5.23 allocates, and what fits."""
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
     from pools.sizing import compare_table, max_concurrency, plan_memory
 
     try:
         lengths = [int(x) for x in concurrency_at.split(",") if x.strip()]
-        spec = ModelConfig.load(model)
-        card = _gpu(gpu, gpu_memory_gib, gpu_bandwidth_tbs, gpu_bf16_tflops, gpu_fp8_tflops, gpu_arch)
-        args = ServerArgs(tp_size=tp, page_size=page_size, mem_fraction_static=mem_fraction_static,
-                          kv_cache_dtype=kv_cache_dtype, context_length=context_length,
-                          max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
-                          chunked_prefill_size=chunked_prefill_size, disable_radix_cache=disable_radix_cache,
-                          disable_overlap_schedule=disable_overlap_schedule, attention_backend=attention_backend,
-                          max_mamba_cache_size=max_mamba_cache_size, mamba_ssm_dtype=mamba_ssm_dtype,
-                          mamba_full_memory_ratio=mamba_full_memory_ratio,
-                          mamba_radix_cache_strategy=mamba_radix_cache_strategy)
+        spec, card, args, runtime_overhead_gib = _server(server)
+        tp = args.tp_size
         result = plan_memory(spec, card, args, runtime_overhead_gib=runtime_overhead_gib)
         concurrency = max_concurrency(result, lengths)
         comparison = None
@@ -158,6 +199,140 @@ def plan(
                        f"{comparison['crossover_context_len']:,} tokens (1 slot per request); "
                        f"{comparison['crossover_context_len_reserved_slots']:,} tokens with the "
                        f"{result.mamba_ratio} slots SGLang reserves per running request")
+
+
+def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
+    from traces import DEFAULT_TRACE, load_trace
+
+    return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
+
+
+def _progress(total: int, quiet: bool):
+    """A rich progress bar over finished requests; the callback and the context to close it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if quiet:
+        return None, None
+    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                   TextColumn("sim t={task.fields[t]:.1f} s"), TimeElapsedColumn(), transient=True)
+    task = bar.add_task("run", total=total, t=0.0)
+    return (lambda done, t: bar.update(task, completed=done, t=t)), bar
+
+
+def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool):
+    from sim.run import simulate
+
+    model, gpu, args, overhead = _server(server)
+    callback, bar = _progress(trace_info.get("requests") or 0, quiet)
+    if bar is not None:
+        bar.start()
+    try:
+        return simulate(trace, model, gpu, args, trace_info=trace_info, runtime_overhead_gib=overhead,
+                        progress=callback, **opts)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _summary_rows(summary: dict) -> list[tuple[str, str]]:
+    def ms(x):
+        return "-" if x is None else f"{x * 1e3:,.0f} ms" if x < 10 else f"{x:,.1f} s"
+
+    pools = summary["pools"]
+    rows = [
+        ("requests (finished / aborted)", f"{summary['finished']:,} / {summary['aborted']:,}"),
+        ("retractions (requests)", f"{summary['retractions']:,} ({summary['retracted_requests']:,})"),
+        ("simulated duration", f"{summary['duration_s']:,.1f} s over {summary['steps']:,} steps"),
+        ("throughput", f"{summary['throughput_req_s']:,.2f} req/s, {summary['output_tok_s']:,.0f} output tok/s, "
+                       f"{summary['input_tok_s']:,.0f} input tok/s"),
+        ("TTFT p50 / p90 / p99", " / ".join(ms(summary["ttft_s"][k]) for k in ("p50", "p90", "p99"))),
+        ("inter-token p50 / p90 / p99", " / ".join(ms(summary["itl_s"][k]) for k in ("p50", "p90", "p99"))),
+        ("end-to-end p50 / p90 / p99", " / ".join(ms(summary["e2e_s"][k]) for k in ("p50", "p90", "p99"))),
+        ("prefix-cache hit rate", f"{summary['cache_hit_rate']:.1%} of prefill tokens"),
+    ]
+    for name, label in (("kv", "KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
+        if name in pools:
+            p = pools[name]
+            rows.append((f"{label} (capacity {p['capacity']:,})",
+                         f"peak {p['peak_used_frac']:.0%}, mean {p['mean_used_frac']:.0%}"
+                         + (f", first exhausted at t={p['first_exhausted_s']:.1f} s" if p["first_exhausted_s"]
+                            is not None else "")))
+    return rows
+
+
+def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=len(labels) > 1, box=None)
+    table.add_column("metric", style="bold")
+    for label in labels:
+        table.add_column(label)
+    rows = [_summary_rows(s) for s in summaries]
+    for i, (name, _) in enumerate(rows[0]):
+        table.add_row(name, *(r[i][1] if i < len(r) else "-" for r in rows))
+    console = Console()
+    console.print(table)
+    for label, s in zip(labels, summaries):
+        console.print(f"[bold]{label}:[/bold] {s['verdict']}" if len(labels) > 1 else s["verdict"])
+
+
+@app.command()
+@with_server_options
+def run(
+    server: dict,
+    trace: Optional[Path] = typer.Argument(None, help="Trace file (any supported format); default: the bundled trace."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines, report how many."),
+    seed: int = typer.Option(0, "--seed", help="Recorded with the run; the simulation itself is deterministic."),
+    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
+                                       help="trace (max_new_tokens = the trace's, else its output length), "
+                                            "ignore_eos, or fixed:N (clients ask N; generation stops at the "
+                                            "trace's output length)."),
+    router: str = typer.Option("round_robin", "--router", help="dp router: round_robin|cache_aware."),
+    step_time: str = typer.Option("analytic", "--step-time", help="analytic, or fixed:MILLISECONDS."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Step-time coefficients (JSON)."),
+    compare_model: Optional[str] = typer.Option(None, "--compare-model",
+                                                help="Run the same trace through a second model, side by side."),
+    compare_tp: Optional[int] = typer.Option(None, "--compare-tp", help="tp for --compare-model (default: --tp)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write frames, summary and the HTML report here."),
+    check: bool = typer.Option(False, "--check", help="Debug: check every pool's invariants at every step."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (or both) as one JSON object."),
+) -> None:
+    """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
+    from sim.output import write_run
+
+    opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
+                calibration=str(calibration) if calibration else None, check=check)
+    try:
+        loaded = _load_trace(trace, fmt, skip_bad_lines)
+        info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
+                "requests": len(loaded), "skipped_lines": loaded.skipped_lines}
+        results = [("primary", _simulate(loaded, server, opts, info, quiet or as_json))]
+        if compare_model:
+            other = dict(server, model=compare_model, tp=compare_tp or server["tp"], max_mamba_cache_size=None)
+            results.append(("compare", _simulate(loaded, other, opts, info, quiet or as_json)))
+    except (ValueError, OSError) as e:
+        _fail(e)
+    labels = [f"{r.run['model']} tp{r.plan.tp_size}" for _, r in results]
+    if out is not None:
+        from reports.html import render_comparison, render_report
+
+        dirs = [out] if len(results) == 1 else [out / "primary", out / "compare"]
+        for d, (_, r) in zip(dirs, results):
+            write_run(d, r.steps, r.requests, r.summary, r.run, extra=lambda tmp: render_report(tmp))
+        if len(dirs) > 1:
+            render_comparison(dirs, out)
+    if as_json:
+        payload = results[0][1].summary if len(results) == 1 else {lab: r.summary for lab, (_, r) in zip(labels, results)}
+        typer.echo(json.dumps(payload, indent=2, default=float))
+        return
+    _print_summaries(labels, [r.summary for _, r in results])
+    if info["skipped_lines"]:
+        typer.echo(f"skipped {info['skipped_lines']} malformed trace lines")
+    if out is not None:
+        typer.echo(f"wrote {out}/report.html" if len(results) == 1 else f"wrote {out}/ (primary, compare, comparison)")
 
 
 @app.command()

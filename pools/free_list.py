@@ -28,6 +28,7 @@ class FreeList:
         self._segs: deque = deque()
         self._len = 0
         self._free_mask = np.zeros(self.capacity + 1, dtype=bool)
+        self._stamp = np.zeros(self.capacity + 1, dtype=np.int64)  # scratch for duplicate detection
         if self.capacity > 0:
             self._segs.append(self.xp.arange(1, self.capacity + 1))
             self._len = self.capacity
@@ -95,10 +96,16 @@ class FreeList:
             if bad == 0:
                 raise PoolError(f"freeing {self.what} 0, the reserved padding {self.what}")
             raise PoolError(f"freeing {self.what} {bad} outside 1..{self.capacity}")
-        if self._free_mask[host].any() or len(np.unique(host)) != host.size:
-            dup = host[self._free_mask[host]]
-            which = int(dup[0]) if dup.size else int(np.argmax(np.bincount(host)))
-            raise DoubleFreeError(f"double free of {self.what} {which}")
+        already = self._free_mask[host]
+        if already.any():
+            raise DoubleFreeError(f"double free of {self.what} {int(host[already][0])}")
+        # Duplicates within the call: with repeated indices the last write wins, so an earlier
+        # occurrence reads back a position that is not its own.
+        pos = np.arange(host.size)
+        self._stamp[host] = pos
+        clash = self._stamp[host] != pos
+        if clash.any():
+            raise DoubleFreeError(f"double free of {self.what} {int(host[clash][0])}")
         return host
 
     def is_free(self, ids) -> np.ndarray:

@@ -54,8 +54,11 @@ class ScheduleBatch:
     # ---------------------------------------------------------------- membership
     def filter_batch(self, reqs_to_exclude=(), keep_indices=None) -> None:
         if keep_indices is None:
-            exclude = set(map(id, reqs_to_exclude))
-            self.reqs = [r for r in self.reqs if not r.finished() and id(r) not in exclude]
+            if reqs_to_exclude:
+                exclude = set(map(id, reqs_to_exclude))
+                self.reqs = [r for r in self.reqs if r.finished_reason is None and id(r) not in exclude]
+            else:
+                self.reqs = [r for r in self.reqs if r.finished_reason is None]
         else:
             self.reqs = [self.reqs[i] for i in keep_indices]
 

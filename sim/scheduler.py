@@ -28,7 +28,8 @@ class SchedulerConfig:
     page_size: int
     max_total_num_tokens: int
     max_running_requests: int
-    context_len: int
+    context_len: int  # the model's context length (validation)
+    max_context_len: int | None = None  # req_to_token row width; None: context_len
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 8192  # None: chunking disabled
     schedule_policy: str = "fcfs"

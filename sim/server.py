@@ -31,11 +31,12 @@ class MambaConfig:
 def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
                  recorder=None, replica: int = 0) -> Scheduler:
     rows = config.max_running_requests
+    width = config.max_context_len or config.context_len
     if mamba is None:
-        pool = ReqToTokenPool(rows, config.context_len)
+        pool = ReqToTokenPool(rows, width)
     else:
         buffers = mamba.ping_pong_track_buffer_size if mamba.strategy == "extra_buffer" else 0
-        pool = HybridReqToTokenPool(rows, config.context_len, mamba.max_mamba_cache_size, mamba.cache_params,
+        pool = HybridReqToTokenPool(rows, width, mamba.max_mamba_cache_size, mamba.cache_params,
                                     mamba_ping_pong_track_buffer_size=buffers)
     if config.page_size == 1:
         allocator = TokenToKVPoolAllocator(config.max_total_num_tokens)

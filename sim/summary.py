@@ -75,6 +75,7 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
         "retracted_requests": int((requests["retraction_count"] > 0).sum()),
         "retractions": int(requests["retraction_count"].sum()),
         "steps": int(len(steps)),
+        "peak_waiting": int(steps["waiting"].max()) if len(steps) else 0,
         "duration_s": duration,
         "throughput_req_s": len(done) / duration if duration > 0 else 0.0,
         "input_tok_s": in_tokens / duration if duration > 0 else 0.0,
@@ -129,8 +130,12 @@ def verdict(summary: dict) -> str:
     name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots"}.get(binding, "none")
     if not parts:
         peak = summary["pools"][binding]["peak_used_frac"] if binding else 0.0
-        return (f"Fits: no retraction or abort; {name} bind first at a peak of {peak:.0%} "
-                f"({1 - peak:.0%} headroom).")
+        text = f"Fits: no retraction or abort; {name} bind first at a peak of {peak:.0%} ({1 - peak:.0%} headroom)"
+        queued = summary.get("peak_waiting", 0)
+        if peak >= 0.99 and queued:
+            text += (f", and the server is saturated: up to {_n(queued, 'request')} waited for admission "
+                     f"(TTFT p90 {summary['ttft_s']['p90']:.1f} s)")
+        return text + "."
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + f". The pool that ran out first: {name}."
 

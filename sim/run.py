@@ -1,0 +1,156 @@
+"""One simulation end to end: model + GPU + SGLang flags + trace -> frames, summary, run record.
+
+    plan_memory (pools.sizing)  ->  one server per dp rank (sim.server)  ->  Simulation (sim.engine)
+    ->  Recorder frames  ->  summarize (sim.summary)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+import pandas as pd
+
+from pools.gpu_catalog import GPUSpec, get_gpu
+from pools.model_config import ModelConfig
+from pools.server_args import ServerArgs
+from pools.sizing import MemoryPlan, compare_records, plan_memory
+from sim.engine import Simulation
+from sim.metrics import Recorder
+from sim.scheduler import SchedulerConfig
+from sim.server import MambaConfig, build_server
+from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
+from sim.summary import summarize
+
+COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
+
+
+def poolsim_version() -> str:
+    try:
+        return version("poolsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class RunResult:
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    summary: dict
+    run: dict
+    plan: MemoryPlan
+
+
+def max_new_tokens_policy(policy: str) -> Callable:
+    """How a trace request becomes SGLang's (max_new_tokens, ignore_eos).
+
+    ``trace`` (default): the trace's max_new_tokens when it has one, else its output length (as SGLang's
+    bench_serving sends). ``fixed:N``: the client asks for N tokens; generation still stops at the
+    trace's output length (EOS). ``ignore_eos``: max_new_tokens = output length and ignore_eos set.
+    """
+    if policy == "trace":
+        return lambda t: (t.max_new_tokens if getattr(t, "max_new_tokens", None) else t.output_len,
+                          bool(getattr(t, "ignore_eos", False)))
+    if policy == "ignore_eos":
+        return lambda t: (t.output_len, True)
+    if policy.startswith("fixed:"):
+        try:
+            n = int(policy.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n <= 0:
+            raise ValueError(f"--max-new-tokens-policy {policy!r}: N must be a positive integer")
+        return lambda t: (n, False)
+    raise ValueError(f"--max-new-tokens-policy {policy!r}: expected trace, ignore_eos or fixed:N")
+
+
+def scheduler_config(plan: MemoryPlan, args: ServerArgs) -> SchedulerConfig:
+    rows = plan.max_running_requests
+    if args.dp_size > 1 and args.max_running_requests:
+        rows = min(rows, max(1, args.max_running_requests // args.dp_size))
+    overlap = not (args.disable_overlap_schedule or plan.overlap_forced_off)
+    return SchedulerConfig(
+        page_size=plan.page_size,
+        max_total_num_tokens=plan.max_total_num_tokens,
+        max_running_requests=rows,
+        context_len=plan.context_len,
+        max_context_len=plan.max_context_len,
+        max_prefill_tokens=plan.max_prefill_tokens,
+        chunked_prefill_size=plan.chunked_prefill_size,
+        schedule_policy=args.schedule_policy,
+        schedule_conservativeness=args.schedule_conservativeness,
+        enable_overlap=overlap,
+        enable_mixed_chunk=args.enable_mixed_chunk,
+    )
+
+
+def mamba_config(plan: MemoryPlan, args: ServerArgs, overlap: bool) -> MambaConfig | None:
+    if not plan.is_hybrid:
+        return None
+    strategy = "extra_buffer" if (plan.mamba_strategy or "").startswith("extra_buffer") else "no_buffer"
+    return MambaConfig(max_mamba_cache_size=plan.max_mamba_cache_size, cache_params=plan.mamba_cache_params(),
+                       strategy=strategy, ping_pong_track_buffer_size=2 if overlap else 1,
+                       mamba_track_interval=args.mamba_track_interval)
+
+
+def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: MemoryPlan,
+                   runtime_overhead_gib: float | None) -> dict | None:
+    """Bytes per request and max concurrency vs context length: the hybrid and its all-full-attention twin."""
+    if not plan.is_hybrid:
+        return None
+    twin = model.with_full_attention()
+    twin_plan = plan_memory(twin, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    lens = [n for n in COMPARE_CONTEXT_LENS if n <= plan.context_len] or [plan.context_len]
+    rows = compare_records({"hybrid": plan, "full": twin_plan}, lens)
+    pick = lambda label, key: [r[key] for r in rows if r["model"] == label]  # noqa: E731
+    return {"context_len": lens, "full_attn_model": twin.name,
+            "hybrid_bytes_per_request": pick("hybrid", "bytes_per_request"),
+            "full_attn_bytes_per_request": pick("full", "bytes_per_request"),
+            "hybrid_max_concurrency": pick("hybrid", "max_concurrency"),
+            "full_attn_max_concurrency": pick("full", "max_concurrency")}
+
+
+def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
+             seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
+             step_time: str = "analytic", calibration: str | None = None,
+             runtime_overhead_gib: float | None = None, check: bool = False,
+             progress: Callable | None = None) -> RunResult:
+    plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    config = scheduler_config(plan, args)
+    mamba = mamba_config(plan, args, config.enable_overlap)
+    recorder = Recorder()
+    servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
+                            recorder=recorder, replica=i) for i in range(args.dp_size)]
+    clock = _step_time(step_time, model, gpu, plan, calibration)
+    sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
+                     router=router, progress=progress, check_every_step=check)
+    sim.run(trace)
+    steps, requests = recorder.step_frame(), recorder.request_frame()
+    meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
+            "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
+            "context_len": config.max_context_len, "dp_size": args.dp_size,
+            "retraction_events": [e for s in servers for e in s.retraction_events]}
+    summary = summarize(steps, requests, meta)
+    run = {
+        "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
+        "server_args": dataclasses.asdict(args), "trace": trace_info or {}, "seed": seed,
+        "max_new_tokens_policy": max_new_tokens, "router": router, "step_time_model": clock.describe(),
+        "overlap_schedule": config.enable_overlap, "memory_plan": plan.to_dict(),
+        "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
+    }
+    return RunResult(steps, requests, summary, run, plan)
+
+
+def _step_time(spec: str, model, gpu, plan, calibration):
+    if spec.startswith("fixed:"):
+        try:
+            return FixedStepTime(float(spec.split(":", 1)[1]) / 1e3)
+        except ValueError:
+            raise ValueError(f"--step-time {spec!r}: expected fixed:MILLISECONDS") from None
+    if spec != "analytic":
+        raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
+    coeffs = Coefficients.from_calibration(calibration) if calibration else None
+    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan), coeffs,
+                            source=f"calibration {calibration}" if calibration else "default coefficients")
