@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from traces import FORMATS, TraceFormatError, inspect_trace, load_trace
 
-# FUZZ_EXAMPLES=2000 runs a deeper search (done once for these loaders: no failure)
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 40)), deadline=None,
+# FUZZ_EXAMPLES=1500 runs a deeper search (done once for these loaders: no failure)
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 25)), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 ALL_FORMATS = [None, *FORMATS]
 
