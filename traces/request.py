@@ -1,0 +1,174 @@
+"""One request of a trace, and the deterministic expansion of its prefix identity into token ids.
+
+Token-id encoding (traces/README.md has the full rules):
+- token ``i`` of segment ``s`` is ``s * 2**20 + i``; a segment holds at most 2**20 tokens, so a shorter
+  occurrence of a segment is a prefix of a longer one;
+- trace segment ids lie in ``[0, 2**42)`` (``fold_segment_id`` maps other raw hashes into that range);
+- a request without prefix identity gets the private prompt segment ``2**42 + 2*rid``, and an output without
+  ``output_segment`` the private segment ``2**42 + 2*rid + 1``: they never equal a trace segment, and every
+  token id stays below 2**63;
+- explicit ``token_ids`` are real vocabulary ids, used as they are (below 2**62, under every private id).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.errors import RequestError
+
+SEGMENT_BITS = 20
+MAX_SEGMENT_LEN = 1 << SEGMENT_BITS  # tokens in one segment
+NUM_SEGMENT_IDS = 1 << 42  # trace segment ids lie in [0, NUM_SEGMENT_IDS)
+PRIVATE_BASE = 1 << 42  # private segment ids: PRIVATE_BASE + 2*rid (prompt), + 1 (output)
+MAX_RID = 1 << 41  # keeps every private token id below 2**63
+MAX_TOKEN_ID = 1 << 62  # explicit token ids stay below the first private token id
+_MASK64 = (1 << 64) - 1
+
+
+def fold_segment_id(raw: int) -> int:
+    """A raw block hash as a segment id: values in [0, 2**42) as they are, others mixed (splitmix64) into it."""
+    if 0 <= raw < NUM_SEGMENT_IDS:
+        return raw
+    x = raw & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x >> 22  # the top 42 bits
+
+
+def segment_tokens(segments) -> np.ndarray:
+    """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated."""
+    arr = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
+    ids, lens = arr[:, 0], arr[:, 1]
+    ends = np.cumsum(lens)
+    total = int(ends[-1]) if len(ends) else 0
+    offsets = np.arange(total, dtype=np.int64) - np.repeat(ends - lens, lens)
+    return np.repeat(ids << SEGMENT_BITS, lens) + offsets
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    rid: int  # position in the trace after a stable sort by arrival
+    arrival_s: float
+    input_len: int
+    output_len: int  # where generation stops (EOS or the limit)
+    max_new_tokens: int | None = None  # what the client asked for; None when the trace does not say
+    ignore_eos: bool = False
+    session_id: str | None = None
+    turn: int | None = None
+    namespace: str | None = None  # the radix cache's extra_key: namespaces never share prefixes
+    segments: tuple[tuple[int, int], ...] | None = None
+    token_ids: np.ndarray | None = None
+    output_segment: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.token_ids is not None:
+            try:
+                ids = np.array(self.token_ids, dtype=np.int64)  # a private, read-only copy
+            except (OverflowError, TypeError, ValueError):
+                raise RequestError("token_ids", "must be integers in [0, 2**62)") from None
+            ids.flags.writeable = False
+            self.token_ids = ids
+        problem = self._problem()
+        if problem is not None:
+            raise RequestError(*problem)
+
+    def _problem(self) -> tuple[str, str] | None:
+        if not _is_int(self.rid) or not 0 <= self.rid < MAX_RID:
+            return "rid", f"must be an integer in [0, 2**41), got {self.rid!r}"
+        if not isinstance(self.arrival_s, (int, float)) or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
+            return "arrival_s", f"must be a finite number >= 0, got {self.arrival_s!r}"
+        if not _is_int(self.input_len) or self.input_len < 1:
+            return "input_len", f"must be an integer >= 1, got {self.input_len!r}"
+        if not _is_int(self.output_len) or not 1 <= self.output_len <= MAX_SEGMENT_LEN:
+            return "output_len", f"must be an integer in [1, 2**20], got {self.output_len!r}"
+        if self.max_new_tokens is not None:
+            if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+                return "max_new_tokens", f"must be an integer >= 1 or None, got {self.max_new_tokens!r}"
+            if self.output_len > self.max_new_tokens:
+                return "output_len", f"{self.output_len} exceeds max_new_tokens {self.max_new_tokens}"
+        if self.turn is not None and (not _is_int(self.turn) or self.turn < 0):
+            return "turn", f"must be an integer >= 0 or None, got {self.turn!r}"
+        for name in ("session_id", "namespace"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                return name, f"must be a string or None, got {getattr(self, name)!r}"
+        if self.output_segment is not None:
+            if not _is_int(self.output_segment) or not 0 <= self.output_segment < NUM_SEGMENT_IDS:
+                return "output_segment", f"must be an integer in [0, 2**42) or None, got {self.output_segment!r}"
+            if self.token_ids is not None:
+                return "output_segment", "is a segment id, which a token_ids request cannot have"
+        if self.segments is not None and self.token_ids is not None:
+            return "segments", "a request has segments or token_ids, not both"
+        if self.segments is not None:
+            return self._segments_problem()
+        if self.token_ids is not None:
+            ids = self.token_ids
+            if ids.ndim != 1 or len(ids) != self.input_len:
+                return "token_ids", f"must hold input_len={self.input_len} ids, got shape {ids.shape}"
+            if ids.min() < 0 or ids.max() >= MAX_TOKEN_ID:
+                return "token_ids", "ids must lie in [0, 2**62)"
+            return None
+        if self.input_len > MAX_SEGMENT_LEN:
+            return "input_len", f"a prompt without prefix identity holds at most 2**20 tokens, got {self.input_len}"
+        return None
+
+    def _segments_problem(self) -> tuple[str, str] | None:
+        if not isinstance(self.segments, tuple) or not self.segments:
+            return "segments", "must be a non-empty tuple of (segment_id, length) pairs"
+        total = 0
+        for pair in self.segments:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                return "segments", f"{pair!r} is not a (segment_id, length) pair"
+            seg, n = pair
+            if not _is_int(seg) or not 0 <= seg < NUM_SEGMENT_IDS:
+                return "segments", f"segment id {seg!r} is outside [0, 2**42)"
+            if not _is_int(n) or not 1 <= n <= MAX_SEGMENT_LEN:
+                return "segments", f"segment length {n!r} is outside [1, 2**20]"
+            total += n
+        if total != self.input_len:
+            return "segments", f"lengths sum to {total}, not input_len={self.input_len}"
+        return None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        for name in self.__slots__:
+            a, b = getattr(self, name), getattr(other, name)
+            if name == "token_ids":
+                if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # mutable record
+
+    @property
+    def prompt_segment(self) -> int:
+        return PRIVATE_BASE + 2 * self.rid
+
+    @property
+    def generated_segment(self) -> int:
+        """The segment the generated tokens come from: ``output_segment``, or this request's private one."""
+        return self.output_segment if self.output_segment is not None else PRIVATE_BASE + 2 * self.rid + 1
+
+    def prompt_tokens(self) -> np.ndarray:
+        """The ``input_len`` prompt token ids (int64, read-only when explicit)."""
+        if self.token_ids is not None:
+            return self.token_ids
+        if self.segments is not None:
+            return segment_tokens(self.segments)
+        return segment_tokens(((self.prompt_segment, self.input_len),))
+
+    def output_tokens(self, n: int) -> np.ndarray:
+        """The ids of the first ``n`` generated tokens."""
+        if not 0 <= n <= MAX_SEGMENT_LEN:
+            raise ValueError(f"n must lie in [0, 2**20], got {n}")
+        return (np.int64(self.generated_segment) << SEGMENT_BITS) + np.arange(n, dtype=np.int64)
