@@ -28,7 +28,7 @@ class FreeList:
         self._segs: deque = deque()
         self._len = 0
         self._free_mask = np.zeros(self.capacity + 1, dtype=bool)
-        self._stamp = np.zeros(self.capacity + 1, dtype=np.int64)  # scratch for duplicate detection
+        self._stamp = np.zeros(self.capacity + 1, dtype=np.int32)  # scratch for duplicate detection
         if self.capacity > 0:
             self._segs.append(self.xp.arange(1, self.capacity + 1))
             self._len = self.capacity
