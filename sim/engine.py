@@ -150,10 +150,9 @@ class Simulation:
         running = pool.size - pool.available_size()  # requests holding a row: decoding, chunked, finishing
         self.recorder.on_step((
             step, sched.replica, start, end - start, batch.forward_mode, batch.batch_size(), running,
-            len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.prefix_lens), decode_tokens,
+            len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.cached_lens), decode_tokens,
             sched.allocator.available_size(), tree.evictable_size(), tree.protected_size(), pool.available_size(),
-            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size() +
-            (tree.mamba_protected_size() if hasattr(tree, "mamba_protected_size") else 0),
+            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
         ))

@@ -20,7 +20,7 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per rema
 
 class ScheduleBatch:
     __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
-                 "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool")
+                 "cached_lens", "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool")
 
     def __init__(self, reqs, tree_cache, req_to_token_pool, forward_mode: str = "decode"):
         self.reqs = list(reqs)
@@ -29,6 +29,7 @@ class ScheduleBatch:
         self.decoding_reqs = None  # decode rows riding a mixed prefill batch
         self.extend_lens: list[int] = []
         self.prefix_lens: list[int] = []
+        self.cached_lens: list[int] = []  # prefix hits at admission (a continuing chunk's prefix is its own)
         self.decode_seq_lens: list[int] = []
         self.chunked_req = None
         self.tree_cache = tree_cache
@@ -39,6 +40,7 @@ class ScheduleBatch:
         b = ScheduleBatch(self.reqs, self.tree_cache, self.req_to_token_pool, self.forward_mode)
         b.decoding_reqs = self.decoding_reqs
         b.extend_lens, b.prefix_lens, b.decode_seq_lens = self.extend_lens, self.prefix_lens, self.decode_seq_lens
+        b.cached_lens = self.cached_lens
         b.chunked_req = self.chunked_req
         return b
 

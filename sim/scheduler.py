@@ -149,6 +149,7 @@ class Scheduler:
         adder = PrefillAdder(self.page_size, self.tree_cache, running, self.new_token_ratio.current,
                              self.config.max_prefill_tokens, self.config.chunked_prefill_size,
                              running.batch_size() if mixed else 0)
+        continuing = self.chunked_req
         if self.chunked_req is not None:
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
 
@@ -188,10 +189,12 @@ class Scheduler:
         if self.chunked_req is not None:
             self.chunked_req.inflight_middle_chunks += 1
         for r in can_run:
-            r.cached_tokens.append(r.prefix_len)
-            r.admission_steps.append(self.forward_ct)
+            if r is not continuing:
+                r.cached_tokens.append(r.prefix_len)
+                r.admission_steps.append(self.forward_ct)
             r.is_retracted = False
         batch = ScheduleBatch(can_run, self.tree_cache, self.req_to_token_pool, "extend")
+        batch.cached_lens = [0 if r is continuing else r.prefix_len for r in can_run]
         batch.chunked_req = self.chunked_req
         batch.prepare_for_extend()
         if mixed and not running.is_empty():

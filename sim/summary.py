@@ -7,6 +7,8 @@ import pandas as pd
 
 from sim.metrics import percentiles
 
+SATURATED_TTFT_S = 1.0  # a binding pool at >= 99% with TTFT p90 above this reads as "saturated"
+
 
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:
     total = float(durations.sum())
@@ -53,7 +55,7 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
         },
     }
     if cap_mamba:
-        mamba_used = (cap_mamba - steps["mamba_free_slots"]) / cap_mamba
+        mamba_used = (cap_mamba - steps["mamba_free_slots"] - steps["mamba_evictable_states"]) / cap_mamba
         pools["mamba"] = {
             "capacity": cap_mamba,
             "peak_used_frac": float(mamba_used.max()) if len(steps) else 0.0,
@@ -132,7 +134,7 @@ def verdict(summary: dict) -> str:
         peak = summary["pools"][binding]["peak_used_frac"] if binding else 0.0
         text = f"Fits: no retraction or abort; {name} bind first at a peak of {peak:.0%} ({1 - peak:.0%} headroom)"
         queued = summary.get("peak_waiting", 0)
-        if peak >= 0.99 and queued:
+        if peak >= 0.99 and queued and (summary["ttft_s"]["p90"] or 0) > SATURATED_TTFT_S:
             text += (f", and the server is saturated: up to {_n(queued, 'request')} waited for admission "
                      f"(TTFT p90 {summary['ttft_s']['p90']:.1f} s)")
         return text + "."

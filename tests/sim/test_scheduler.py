@@ -65,13 +65,18 @@ def test_forced_retraction():
 @pytest.mark.parametrize("overlap", [False, True])
 def test_chunked_prompt(overlap):
     """chunked_prefill_size 8, a 20-token prompt, 3 outputs: chunks of 8, 8, 4, each published into the
-    tree before the next (so the next chunk's prefix is cached), then 2 decode steps.
+    tree before the next, then 2 decode steps. A chunk's prefix is the request's own earlier chunks, not
+    a cache hit, so cached_prefill_tokens stays 0; after the last chunk the tree holds all 20 tokens.
     The overlap loop plans chunk k+1 before chunk k's result lands; timings are the same here."""
     trace = [TraceReq(0, 0.0, prompt(1, 20), 3)]
-    steps, reqs, _ = run_sim(trace, cfg(64, overlap, chunk=8))
+    steps, reqs, sched = run_sim(trace, cfg(64, overlap, chunk=8))
     assert steps["kind"].tolist() == ["extend"] * 3 + ["decode"] * 2
     assert steps["prefill_tokens"].tolist() == [8, 8, 4, 0, 0]
-    assert steps["cached_prefill_tokens"].tolist() == [0, 8, 16, 0, 0]
+    assert steps["cached_prefill_tokens"].tolist() == [0, 0, 0, 0, 0]
+    assert reqs["admission_steps"].tolist() == ["0"]
+    # finished: 20 prompt tokens + the 2 decoded tokens whose KV was computed; a length finish is known
+    # in advance, so the overlap loop plans no extra step either
+    assert sched.tree_cache.evictable_size() == 22
     r = reqs.iloc[0]
     assert (r["first_token_step"], r["finish_step"]) == (2, 4)
     assert r["ttft_s"] == pytest.approx(3 * STEP)
