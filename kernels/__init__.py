@@ -95,5 +95,17 @@ def kda_prefill(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seql
                                  has_initial_state, scale, chunk_size)
 
 
-__all__ = ["write_req_to_token", "store_kv", "store_mla_kv", "decode_attention", "kda_decode", "conv1d_update",
-           "kda_prefill", "use_backend", "set_backend", "implementation", "HAS_TRITON", "HAS_FLA"]
+__all__ = [
+    "HAS_FLA",
+    "HAS_TRITON",
+    "conv1d_update",
+    "decode_attention",
+    "implementation",
+    "kda_decode",
+    "kda_prefill",
+    "set_backend",
+    "store_kv",
+    "store_mla_kv",
+    "use_backend",
+    "write_req_to_token",
+]

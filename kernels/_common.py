@@ -37,19 +37,13 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
     check(tuple(t.shape) == tuple(shape), f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def check_last_contiguous(name: str, t: torch.Tensor) -> None:
-    check(t.stride(-1) == 1 or t.shape[-1] == 1, f"{name}: last dimension must be contiguous, strides {t.stride()}")
-
-
 def check_index_range(name: str, idx: torch.Tensor, hi: int, allow_negative: bool = False) -> None:
     """Every entry in ``[0, hi)``; with ``allow_negative`` entries < 0 (padding, skipped) pass too."""
     if idx.numel() == 0 or capturing():
         return
-    top = int(idx.max())
-    low = int(idx.min()) if not allow_negative else 0
-    if top >= hi or low < 0:
-        bad = idx[(idx >= hi) | ((idx < 0) if not allow_negative else torch.zeros_like(idx, dtype=torch.bool))]
-        raise IndexError(f"{name}: index {int(bad[0])} outside [0, {hi})")
+    bad = idx >= hi if allow_negative else (idx >= hi) | (idx < 0)
+    if bool(bad.any()):
+        raise IndexError(f"{name}: index {int(idx[bad][0])} outside [0, {hi})")
 
 
 def check_lengths(seq_lens: torch.Tensor, prefix_lens: torch.Tensor | None, max_len: int) -> None:

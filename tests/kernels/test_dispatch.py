@@ -77,5 +77,5 @@ def test_import_without_triton():
             "print('ok')\n")
     env = {k: v for k, v in os.environ.items() if k != "POOLSIM_KERNELS"}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -11,7 +11,7 @@ from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fus
 
 
 def _hand_inputs(dtype=torch.float64):
-    t = lambda x: torch.tensor(x, dtype=dtype, device=DEVICE)  # noqa: E731
+    t = lambda x: torch.tensor(x, dtype=dtype, device=DEVICE)
     q, k = t([[[0.0, 2.0]]]), t([[[1.0, 0.0]]])
     v = t([[[2.0, 3.0]]])
     a = t([[0.0, math.log(3.0)]])
@@ -45,7 +45,8 @@ def test_naive_hand_padding_slot():
     pool = torch.full((2, 1, 2, 2), float("nan"), dtype=torch.float64, device=DEVICE)
     o = naive.kda_decode(*_hand_inputs(), pool, torch.tensor([-1], device=DEVICE))
     assert o.abs().max() < 1e-12 and pool.isnan().all()
-    q, k, v, a, b, A_log, dt_bias = _hand_inputs()
+    # with q = k and scale 1 the output reads the written row back: o = S^T k = u = [1, 1.5]
+    _, k, v, a, b, A_log, dt_bias = _hand_inputs()
     o = naive.kda_decode(k, k, v, a, b, A_log, dt_bias, pool, torch.tensor([-1], device=DEVICE), scale=1.0)
     torch.testing.assert_close(o[0, 0], torch.tensor([1.0, 1.5], dtype=torch.float64, device=DEVICE),
                                rtol=1e-5, atol=1e-6)
@@ -133,3 +134,35 @@ def test_kda_decode_bf16_gpu():
     out = fused("kda_decode").kda_decode(*inputs, pool, slots)
     assert_close("o", ref, out.float(), 1e-2)
     assert_close("state", ref_pool, pool, 1e-3)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("lens", [[1, 1, 1], [5, 1, 12]], ids=["decode", "varlen"])
+def test_references_match_fla_fused_recurrent(lens):
+    """An independent implementation: fla-core's recurrent KDA kernel, in place on the V-first pool through
+    ``ssm_state_indices`` (the interpreter runs it on CPU), against the decode and the chunked prefill references."""
+    pytest.importorskip("fla")
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    from kernels.ops.kda_prefill import naive as prefill_naive
+
+    H, HV, K, V = 2, 4, 16, 24
+    q, k, v, a, b, A_log, dt_bias = _inputs(sum(lens), H, HV, K, V, torch.float32, seed=7)
+    slots = torch.tensor([4, 1, 2], device=DEVICE)
+    pool = torch.randn(6, HV, V, K, device=DEVICE)
+    fla_pool, ref_pool = pool.clone(), pool.clone()
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0)
+    gate = {"A_log": A_log, "dt_bias": dt_bias, "cu_seqlens": cu, "state_v_first": True,
+            "use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True}
+    args = (q[None], k[None], v[None], a.view(1, -1, HV, K), b[None])
+    if lens == [1, 1, 1]:  # fla's continuous-batching mode: one token per request, in place through the indices
+        o, _ = fused_recurrent_kda_fwd(*args, initial_state=fla_pool, inplace_final_state=True,
+                                       ssm_state_indices=slots.int(), **gate)
+        ref = naive.kda_decode(q, k, v, a, b, A_log, dt_bias, ref_pool, slots)
+    else:  # there fla's indices name one slot per token, so hand it per-sequence states instead
+        o, final = fused_recurrent_kda_fwd(*args, initial_state=fla_pool[slots].clone(), inplace_final_state=False,
+                                           output_final_state=True, **gate)
+        fla_pool[slots] = final
+        ref = prefill_naive.kda_prefill(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, cu, chunk_size=4)
+    assert_close("o", ref, o[0], 1e-5)
+    assert_close("state", ref_pool, fla_pool, 1e-5)

@@ -36,7 +36,7 @@ def test_hand_two_tokens():
     # S1[k, v] = [[1.25, 2], [0.75, 1]]), then a second token with the same gate, beta and k, v = [1, 1]:
     #   decay:  S = [[0.625, 1], [0.1875, 0.25]];  S^T k = [0.625, 1];  u = 0.5 * ([1, 1] - [0.625, 1]) = [0.1875, 0]
     #   S2 = [[0.8125, 1], [0.1875, 0.25]];  q = [0, 0.7071068]:  o2 = [0.1875, 0.25] * 0.7071068 = [0.1325825, 0.1767767]
-    t = lambda x: torch.tensor(x, dtype=torch.float64, device=DEVICE)  # noqa: E731
+    t = lambda x: torch.tensor(x, dtype=torch.float64, device=DEVICE)
     q, k = t([[[0.0, 2.0]], [[0.0, 2.0]]]), t([[[1.0, 0.0]], [[1.0, 0.0]]])
     v = t([[[2.0, 3.0]], [[1.0, 1.0]]])
     a = t([[0.0, math.log(3.0)]] * 2)

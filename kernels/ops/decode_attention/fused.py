@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import interpreting, next_pow2, prev_pow2
+from kernels._common import check, interpreting, next_pow2, prev_pow2
 from kernels.ops.decode_attention.naive import check_args
 
 MAX_SPLITS = 32
@@ -26,7 +26,7 @@ def _decode_attention_stage1(
     k_buf, stride_kr, stride_kh,
     v_buf, stride_vr, stride_vh,
     req_to_token, stride_rt, req_pool_indices, seq_lens,
-    mid_o, mid_lse, sm_scale, num_q_heads,
+    mid_o, mid_lse, sm_scale, num_q_heads, batch_bucket,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr,
     SHARE_KV: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -61,7 +61,7 @@ def _decode_attention_stage1(
     k_head = k_buf + kv_head.to(tl.int64) * stride_kh
     v_head = v_buf + kv_head.to(tl.int64) * stride_vh
     slot_row = req_to_token + row * stride_rt
-    for b in range(0, tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)):
+    for b in range(tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)):
         toks = start + b * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = toks < end
         slots = tl.load(slot_row + toks, mask=mask_n, other=0).to(tl.int64)
@@ -126,7 +126,7 @@ def _configs(wide: bool):
             for bn in blocks for w in (4, 8) for st in (1, 2, 3)]
 
 
-_KEY = ["GROUP", "DK", "DV", "BLOCK_H", "SHARE_KV", "PRECISION"]
+_KEY = ["GROUP", "DK", "DV", "BLOCK_H", "SHARE_KV", "PRECISION", "batch_bucket"]  # batch_bucket: key only
 _stage1_narrow = triton.autotune(_configs(False), key=_KEY)(_decode_attention_stage1)
 _stage1_wide = triton.autotune(_configs(True), key=_KEY)(_decode_attention_stage1)  # MLA-sized heads
 
@@ -151,11 +151,11 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
     hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
     for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
-        assert t.stride(2) == 1, f"{name}: head_dim must be contiguous, strides {t.stride()}"
+        check(t.stride(2) == 1, f"{name}: head_dim must be contiguous, strides {t.stride()}")
     block_h = 16
     tiles = hkv * triton.cdiv(group, block_h)
     splits = num_kv_splits or default_num_splits(n, tiles, q.device)
-    assert 1 <= splits <= 4 * MAX_SPLITS, f"num_kv_splits {splits} out of range"
+    check(1 <= splits <= 128, f"num_kv_splits {splits} out of range [1, 128]")
     block_dk, block_dt = _head_blocks(dk)
     block_dv = max(16, next_pow2(dv))
     share_kv = (v_buffer.data_ptr() == k_buffer.data_ptr() and v_buffer.stride()[:2] == k_buffer.stride()[:2]
@@ -172,7 +172,7 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
         k_buffer, k_buffer.stride(0), k_buffer.stride(1),
         v_buffer, v_buffer.stride(0), v_buffer.stride(1),
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        mid_o, mid_lse, sm_scale, hq,
+        mid_o, mid_lse, sm_scale, hq, min(256, next_pow2(n)),
         GROUP=group, DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=block_dk, BLOCK_DT=block_dt, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, PRECISION=precision,
     )

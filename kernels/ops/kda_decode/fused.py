@@ -106,7 +106,7 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     ssm_states ``[slots, HV, V, K]`` fp32; slot_indices ``[N]``, a slot < 0 starts from a zero state and is not
     stored. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
     """
-    n, _, kd, _, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices.numel())
+    n, _, kd, _, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_slots(slot_indices, n, ssm_states.shape[0])
     return kda_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices,
                           kd ** -0.5 if scale is None else scale)

@@ -48,7 +48,7 @@ def kda_step(S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return S, torch.einsum("...kv,...k->...v", S, q)
 
 
-def check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states, slots_len: int):
+def check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states):
     check(q.dim() == 3 and k.shape == q.shape, "q, k must be [tokens, H, K] and alike")
     t, h, kd = q.shape
     check(v.dim() == 3 and v.shape[0] == t, "v must be [tokens, HV, V]")
@@ -89,7 +89,7 @@ def scatter_states(ssm_states: torch.Tensor, slots: torch.Tensor, S: torch.Tenso
 
 
 def kda_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, scale=None):
-    n, _, kd, hv, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices.numel())
+    n, _, kd, hv, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_slots(slot_indices, n, ssm_states.shape[0])
     dt = compute_dtype(q, ssm_states)
     scale = kd ** -0.5 if scale is None else scale

@@ -26,7 +26,7 @@ def kda_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tens
     """
     from fla.ops.kda import chunk_kda
 
-    total, _, kd, hv, vd = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices.numel())
+    total, _, kd, hv, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_cu_seqlens(cu_seqlens, total)
     n = cu_seqlens.numel() - 1
     check_slots(slot_indices, n, ssm_states.shape[0])

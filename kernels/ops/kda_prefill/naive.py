@@ -13,12 +13,20 @@ from __future__ import annotations
 import torch
 
 from kernels._common import check, check_cu_seqlens
-from kernels.ops.kda_decode.naive import (check_slots, check_state_args, compute_dtype, gather_states, kda_gate, kda_step,
-                                      prepare_qk, scatter_states)
+from kernels.ops.kda_decode.naive import (
+    check_slots,
+    check_state_args,
+    compute_dtype,
+    gather_states,
+    kda_gate,
+    kda_step,
+    prepare_qk,
+    scatter_states,
+)
 
 
 def _prepare(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seqlens, has_initial_state, scale):
-    total, _, kd, hv, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices.numel())
+    total, _, kd, hv, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_cu_seqlens(cu_seqlens, total)
     n = cu_seqlens.numel() - 1
     check_slots(slot_indices, n, ssm_states.shape[0])

@@ -22,13 +22,13 @@ def _write_req_to_token_kernel(
     dst = req_to_token + row * stride_row
     src = out_cache_loc + tl.load(loc_starts + i)
     extend = seq - pre
-    for b in range(0, tl.cdiv(extend, BLOCK)):
+    for b in range(tl.cdiv(extend, BLOCK)):
         off = b * BLOCK + tl.arange(0, BLOCK)
         mask = off < extend
         tl.store(dst + pre + off, tl.load(src + off, mask=mask).to(tl.int32), mask=mask)
     if HAS_PREFIX:
         psrc = prefix_loc + tl.load(prefix_starts + i)
-        for b in range(0, tl.cdiv(pre, BLOCK)):
+        for b in range(tl.cdiv(pre, BLOCK)):
             off = b * BLOCK + tl.arange(0, BLOCK)
             mask = off < pre
             tl.store(dst + off, tl.load(psrc + off, mask=mask).to(tl.int32), mask=mask)
