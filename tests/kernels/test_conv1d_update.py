@@ -29,7 +29,7 @@ def test_naive_hand():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("N,H,D", [(1, 1, 16), (4, 3, 7), (3, 2, 100)], ids=lambda p: f"{p}")
+@pytest.mark.parametrize("N,H,D", [(1, 1, 16), (4, 3, 7), (3, 2, 100)], ids=["N1-H1-D16", "N4-H3-D7", "N3-H2-D100"])
 def test_conv1d_update_on_mamba_pool(N, H, D, dtype):
     """The pool's conv tensor ``[layers, size+1, W-1, channels]`` seen as ``[slots, channels, W-1]``."""
     torch.manual_seed(42)
@@ -58,7 +58,7 @@ def test_conv1d_update_on_mamba_pool(N, H, D, dtype):
 
 
 @pytest.mark.parametrize("W,bias,activation", [(2, False, None), (3, True, "silu"), (5, False, "swish")],
-                         ids=lambda p: str(p))
+                         ids=["W2-nobias-linear", "W3-bias-silu", "W5-nobias-swish"])
 def test_conv1d_update_widths(W, bias, activation):
     torch.manual_seed(42)
     N, dim = 3, 37

@@ -66,7 +66,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-N{len(c[5])}-Hq{c[1]}-Hkv{c[2]}-DK{c[3]}-DV{c[4]}-S{c[6]}"
+                                             for c in CASES])
 def test_decode_attention(case, dtype):
     _, hq, hkv, dk, dv, seq_lens, splits = case
     torch.manual_seed(42)

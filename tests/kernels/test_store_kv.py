@@ -26,7 +26,7 @@ def _slots(num_tokens, rows, seed):
 @pytest.mark.parametrize("T,H,D,DV,dtype", [
     (1, 1, 16, 16, torch.float32), (7, 3, 24, 40, torch.float16), (33, 2, 128, 128, torch.float16),
     (5, 1, 72, 72, torch.float32),
-], ids=lambda p: str(p).replace("torch.", ""))
+], ids=["T1-H1-D16-DV16-fp32", "T7-H3-D24-DV40-fp16", "T33-H2-D128-DV128-fp16", "T5-H1-D72-DV72-fp32"])
 def test_store_kv(T, H, D, DV, dtype):
     torch.manual_seed(42)
     pool = MHATokenToKVPool(40, 1, {torch.float32: "float32", torch.float16: "float16"}[dtype], H, D, layer_num=2,
@@ -49,7 +49,7 @@ def test_store_kv(T, H, D, DV, dtype):
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["latent", "nope+rope"])
-@pytest.mark.parametrize("T,lora,rope", [(6, 32, 8), (19, 512, 64)], ids=lambda p: str(p))
+@pytest.mark.parametrize("T,lora,rope", [(6, 32, 8), (19, 512, 64)], ids=["T6-L32-R8", "T19-L512-R64"])
 def test_store_mla_kv(T, lora, rope, split):
     torch.manual_seed(42)
     pool = MLATokenToKVPool(30, 1, "float16", lora, rope, layer_num=1, device=DEVICE)

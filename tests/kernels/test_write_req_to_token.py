@@ -40,7 +40,7 @@ def _batch(num_reqs, max_len, pool_rows, with_prefix, loc_dtype, seed):
 
 @pytest.mark.parametrize("num_reqs,max_len,with_prefix,loc_dtype", [
     (1, 7, False, torch.int64), (5, 37, True, torch.int64), (9, 1100, True, torch.int32), (3, 1, False, torch.int32),
-], ids=lambda p: str(p))
+], ids=["N1-L7-int64", "N5-L37-prefix-int64", "N9-L1100-prefix-int32", "N3-L1-int32"])
 def test_fused(num_reqs, max_len, with_prefix, loc_dtype):
     torch.manual_seed(42)
     pool = ReqToTokenPool(12, max_len, device=DEVICE)

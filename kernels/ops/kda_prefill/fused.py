@@ -34,7 +34,7 @@ def kda_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tens
     live = slot_indices >= 0
     if has_initial_state is not None:
         check(tuple(has_initial_state.shape) == (n,), "has_initial_state must be [N]")
-        resume = live & has_initial_state.bool()
+        resume = live & has_initial_state.to(live.device, torch.bool)
     else:
         resume = live
     safe = torch.where(live, slot_indices, torch.zeros_like(slot_indices)).long()

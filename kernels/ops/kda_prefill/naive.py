@@ -38,7 +38,7 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seqlens
     beta = torch.sigmoid(b.to(dt))
     S = gather_states(ssm_states, slot_indices, dt)  # [N, HV, K, V]
     if has_initial_state is not None:
-        S[~has_initial_state.bool()] = 0
+        S[~has_initial_state.to(S.device, torch.bool)] = 0
     return qh, kh, v.to(dt), g, beta, S, cu_seqlens.tolist()
 
 
