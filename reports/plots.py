@@ -305,7 +305,7 @@ def plot_fragmentation(steps: pd.DataFrame, requests: pd.DataFrame, summary: dic
                        label=f"time-weighted mean {units.tokens(frag['mean_partial_page_tokens'] * reps)}")
         ax.set_xlabel("time (s)")
         ax.set_ylabel("KV slots (tokens)")
-        ax.set_ylim(0, float(y.max()) * 1.15)
+        ax.set_ylim(0, float(y.max()) * 1.4)  # room for the legend above the line
         ax.yaxis.set_major_formatter(TOKENS_FMT)
         ax.margins(x=0)
         ax.legend(fontsize=9, loc="upper right")
@@ -317,7 +317,9 @@ def plot_fragmentation(steps: pd.DataFrame, requests: pd.DataFrame, summary: dic
     lost = done["tokens_not_cached"].to_numpy(float)
     ax.set_title(f"KV not cached at finish: {units.tokens(lost.sum())} tokens in all", loc="left", fontsize=10)
     if lost.size and lost.max() > 0:
-        ax.hist(lost, bins=30, color=COLORS["own"], edgecolor="white")
+        bins = np.arange(lost.max() + 2) - 0.5 if lost.max() <= 60 else 30  # one bar per token count when few
+        ax.hist(lost, bins=bins, color=COLORS["own"], edgecolor="white")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("tokens per finished request")
         ax.set_ylabel("requests")
         _integer_ticks(ax)

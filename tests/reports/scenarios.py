@@ -49,7 +49,7 @@ def hybrid_compare() -> dict:
 
 SCENARIOS = {
     # name: (trace, config, mamba, model)
-    "fits": (lambda: chat_trace(60, 1, 12.0), {"pool": 4096, "rows": 32, "ctx": 1024}, None, "test-mha-small"),
+    "fits": (lambda: chat_trace(60, 1, 12.0), {"pool": 4096, "rows": 32, "ctx": 1024, "page": 16}, None, "test-mha-small"),
     "retracts": (lambda: chat_trace(60, 2, 20.0, output_len=(150, 400)), {"pool": 1400, "rows": 16, "ctx": 1024}, None,
                  "test-mha-small"),
     "aborts": (lambda: chat_trace(40, 3, 10.0, long_every=8, long_len=1000), {"pool": 1000, "rows": 8, "ctx": 1024}, None,
@@ -62,16 +62,17 @@ SCENARIOS = {
 def write_scenario(name: str, out_dir, render=None):
     """Simulate scenario ``name`` and write its run folder; ``render(tmp_dir)`` is write_run's ``extra`` hook."""
     make_trace, c, mamba_slots, model = SCENARIOS[name]
-    config = SchedulerConfig(page_size=1, max_total_num_tokens=c["pool"], max_running_requests=c["rows"],
+    page = c.get("page", 1)
+    config = SchedulerConfig(page_size=page, max_total_num_tokens=c["pool"], max_running_requests=c["rows"],
                              context_len=c["ctx"], chunked_prefill_size=256, enable_overlap=True)
     trace = make_trace()
     mamba = kimi_mamba(mamba_slots) if mamba_slots else None
     steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False)
-    meta = {"max_total_num_tokens": c["pool"], "max_running_requests": c["rows"], "page_size": 1,
+    meta = {"max_total_num_tokens": c["pool"], "max_running_requests": c["rows"], "page_size": page,
             "context_len": c["ctx"], "max_mamba_cache_size": mamba_slots or 0, "dp_size": 1,
             "retraction_events": sched.retraction_events}
     summary = summarize(steps, requests, meta)
-    flags = {"page_size": 1, "max_total_tokens": c["pool"], "max_running_requests": c["rows"],
+    flags = {"page_size": page, "max_total_tokens": c["pool"], "max_running_requests": c["rows"],
              "context_length": c["ctx"], "chunked_prefill_size": 256, "schedule_policy": "fcfs",
              "disable_overlap_schedule": False}
     run = {"poolsim_version": "0.1.0", "model": model, "gpu": "H200 (test-sized pools)", "server_args": flags,

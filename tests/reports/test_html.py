@@ -182,10 +182,10 @@ def test_comparison_page(run_dirs, tmp_path):
     for name in ("fits", "retracts", "hybrid"):
         verdict = json.loads((run_dirs[name] / "summary.json").read_text())["verdict"]
         assert html.escape(verdict) in page
-    # --max-total-tokens differs between the runs; --page-size does not
+    # --max-total-tokens differs between the runs; --context-length does not
     assert re.search(r'<tr class="differs"><td><a class="metric" href="#m-run-server_args"[^>]*>--max-total-tokens',
                      page)
-    assert re.search(r'<tr><td><a class="metric" href="#m-run-server_args"[^>]*>--page-size', page)
+    assert re.search(r'<tr><td><a class="metric" href="#m-run-server_args"[^>]*>--context-length', page)
     with (tmp_path / "comparison.csv").open() as f:
         rows = {r["metric"]: r for r in csv.DictReader(f)}
     assert list(rows["pools.kv.capacity"].values()) == ["pools.kv.capacity", "tokens", "4096", "1400", "2400"]

@@ -187,3 +187,15 @@ def test_hybrid_compare_draws_what_run_json_has():
     assert [ln.get_label() for ln in ax_b.get_lines()] == ["hybrid (KDA state + MLA KV)"]
     assert ax_b.get_yscale() == "linear"  # under a decade: plain numbers, not 1.1 x 10^-1
     assert [t.get_text() for t in ax_c.texts] == ["no max concurrency in run.json"]
+
+
+def test_fragmentation_shows_the_summary_means(run_dirs):
+    steps, requests, summary, _ = read_run(run_dirs["fits"])  # page_size 16: partial pages exist
+    fig = plots.plot_fragmentation(steps, requests, summary)
+    partial, lost, _ = fig.axes
+    mean = summary["fragmentation"]["mean_partial_page_tokens"]
+    assert mean > 0
+    assert [ln.get_ydata()[0] for ln in partial.get_lines() if ln.get_linestyle() == "--"] == [pytest.approx(mean)]
+    total = summary["fragmentation"]["tokens_not_cached_at_finish"]
+    assert lost.get_title(loc="left") == f"KV not cached at finish: {total} tokens in all"
+    assert sum(p.get_height() for p in lost.patches) == (~requests["aborted"]).sum()
