@@ -516,6 +516,24 @@ def trace_generate(
         spec = presets[preset](**{k: v for k, v in given.items() if v is not None})
         _wrote(generate(spec, seed=seed, name=out.stem), out, as_json)
 
+@app.command()
+def report(
+    run_dir: str = typer.Argument(..., metavar="DIR", help="A run folder written by `poolsim run --out DIR`."),
+    compare: list[str] = typer.Option([], "--compare", metavar="OTHER_DIR",
+                                      help="Another run folder to compare with (repeatable)."),
+    out: str | None = typer.Option(None, "--out", metavar="DIR", help="Where to write the page (default: DIR)."),
+) -> None:
+    """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
+    from reports.html import ReportError, render_comparison, render_report
+
+    try:
+        page = (render_comparison([run_dir, *compare], out or run_dir) if compare
+                else render_report(run_dir, out))
+    except ReportError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(page))
+
 
 if __name__ == "__main__":
     app()

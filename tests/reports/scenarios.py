@@ -1,0 +1,97 @@
+"""Real simulated runs, written as run folders, for the report tests (hand-sized, seeded, a few seconds in all)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pools import MambaCacheParams, MambaStateShape
+from sim.output import write_run
+from sim.scheduler import SchedulerConfig
+from sim.server import MambaConfig
+from sim.summary import summarize
+from tests.helpers import TraceReq, run_sim
+
+STEP_S = 0.02  # seconds per forward step (FixedStepTime)
+SYSTEM_PROMPT = list(range(1, 97))  # 96 tokens every chat request shares
+
+
+def chat_trace(n: int, seed: int, rate_per_s: float, prompt_len=(20, 120), output_len=(8, 60), long_every=0,
+               long_len=0) -> list[TraceReq]:
+    """Poisson arrivals; most requests share SYSTEM_PROMPT; every ``long_every``-th one is ``long_len`` tokens."""
+    rng = np.random.default_rng(seed)
+    t, out = 0.0, []
+    for rid in range(n):
+        t += rng.exponential(1 / rate_per_s)
+        own = list(10_000 + rid * 1_000 + np.arange(rng.integers(*prompt_len)))
+        prompt = (SYSTEM_PROMPT if rid % 4 else []) + own
+        if long_every and rid % long_every == long_every - 1:
+            prompt = list(500_000 + rid * 10_000 + np.arange(long_len))
+        out.append(TraceReq(rid, round(t, 4), prompt, int(rng.integers(*output_len))))
+    return out
+
+
+def kimi_mamba(slots: int) -> MambaConfig:
+    params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
+    return MambaConfig(max_mamba_cache_size=slots, cache_params=params)
+
+
+def hybrid_compare() -> dict:
+    """A Kimi-Linear-like comparison: 20 KDA layers (fixed state) + 7 MLA layers vs 27 MLA layers."""
+    lens = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    state, mla_token, full_token, budget = 42 * 2**20, 7 * 1152, 27 * 1152, 60 * 2**30
+    hybrid = [state + n * mla_token for n in lens]
+    full = [n * full_token for n in lens]
+    return {"context_len": lens, "hybrid_bytes_per_request": hybrid, "full_attn_bytes_per_request": full,
+            "hybrid_max_concurrency": [min(1024, budget // b) for b in hybrid],
+            "full_attn_max_concurrency": [min(1024, budget // b) for b in full],
+            "full_attn_model": "Kimi-Linear full-MLA twin"}
+
+
+SCENARIOS = {
+    # name: (trace, config, mamba, model)
+    "fits": (lambda: chat_trace(60, 1, 12.0), {"pool": 4096, "rows": 32, "ctx": 1024, "page": 16}, None, "test-mha-small"),
+    "retracts": (lambda: chat_trace(60, 2, 20.0, output_len=(150, 400)), {"pool": 1400, "rows": 16, "ctx": 1024}, None,
+                 "test-mha-small"),
+    "aborts": (lambda: chat_trace(40, 3, 10.0, long_every=8, long_len=1000), {"pool": 1000, "rows": 8, "ctx": 1024}, None,
+               "test-mha-small"),
+    "hybrid": (lambda: chat_trace(50, 4, 12.0, output_len=(20, 120)), {"pool": 2400, "rows": 8, "ctx": 1024}, 20,
+               "Kimi-Linear-48B-A3B (test-sized)"),
+}
+
+
+def write_scenario(name: str, out_dir, render=None):
+    """Simulate scenario ``name`` and write its run folder; ``render(tmp_dir)`` is write_run's ``extra`` hook."""
+    make_trace, c, mamba_slots, model = SCENARIOS[name]
+    page = c.get("page", 1)
+    config = SchedulerConfig(page_size=page, max_total_num_tokens=c["pool"], max_running_requests=c["rows"],
+                             context_len=c["ctx"], chunked_prefill_size=256, enable_overlap=True)
+    trace = make_trace()
+    mamba = kimi_mamba(mamba_slots) if mamba_slots else None
+    steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False)
+    meta = {"max_total_num_tokens": c["pool"], "max_running_requests": c["rows"], "page_size": page,
+            "context_len": c["ctx"], "max_mamba_cache_size": mamba_slots or 0, "dp_size": 1,
+            "retraction_events": sched.retraction_events}
+    summary = summarize(steps, requests, meta)
+    flags = {"page_size": page, "max_total_tokens": c["pool"], "max_running_requests": c["rows"],
+             "context_length": c["ctx"], "chunked_prefill_size": 256, "schedule_policy": "fcfs",
+             "disable_overlap_schedule": False}
+    run = {"poolsim_version": "0.1.0", "model": model, "gpu": "H200 (test-sized pools)", "server_args": flags,
+           "trace": {"path": f"tests/reports/scenarios.py:{name}", "name": name, "requests": len(trace),
+                     "duration_s": trace[-1].arrival_s},
+           "seed": 0, "step_time_model": f"fixed {STEP_S * 1e3:g} ms per step",
+           "memory_plan": {"max_total_num_tokens": c["pool"], "cell_size_bytes": 1152 * (7 if mamba else 27),
+                           "req_to_token_rows": c["rows"], "max_running_requests": c["rows"],
+                           "kv_size_gib": c["pool"] * 1152 * (7 if mamba else 27) / 2**30}}
+    if mamba:
+        run["memory_plan"]["mamba"] = {"max_mamba_cache_size": mamba_slots, "bytes_per_slot": 42 * 2**20}
+        run["hybrid_compare"] = hybrid_compare()
+    return write_run(out_dir, steps, requests, summary, run, extra=render)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    for scenario in SCENARIOS:
+        out = write_scenario(scenario, f"{sys.argv[1]}/{scenario}")
+        print(scenario, json.loads((out / "summary.json").read_text())["verdict"])
