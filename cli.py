@@ -303,6 +303,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or both) as one JSON object."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
+    from pools.errors import PoolError
     from sim.output import write_run
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
@@ -317,6 +318,8 @@ def run(
             results.append(("compare", _simulate(loaded, other, opts, info, quiet or as_json)))
     except (ValueError, OSError) as e:
         _fail(e)
+    except (RuntimeError, PoolError) as e:  # OutOfMemoryError, MambaCapacityError: SGLang fails loudly here too
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
     labels = [f"{r.run['model']} tp{r.plan.tp_size}" for _, r in results]
     if out is not None:
         from reports.html import render_comparison, render_report

@@ -114,7 +114,7 @@ def run_figures(r: Run) -> list[FigureSpec]:
     s, q, summary, run = r.steps, r.requests, r.summary, r.run
     cell = get_path(run, "memory_plan.cell_size_bytes")
     reps = plots.num_replicas(s, q)
-    mamba = ("figures.mamba_own", "steps.mamba_cached_states") if "mamba" in summary["pools"] else ()
+    mamba = ("figures.mamba_own", "steps.mamba_evictable_states") if "mamba" in summary["pools"] else ()
     specs = [
         FigureSpec("memory_timeline", "Memory per pool over time",
                    "Stacked: what holds each pool's capacity at the busiest step of each time bin. Red lines: steps "

@@ -153,11 +153,11 @@ def plot_memory_timeline(steps: pd.DataFrame, requests: pd.DataFrame, pools: dic
 
     if has_mamba:
         mcap = pools["mamba"]["capacity"] * reps
-        m = peak_per_bin(steps, edges, "mamba_free_slots", ["mamba_free_slots", "mamba_cached_states"],
-                         {"mamba_free_slots": pools["mamba"]["capacity"], "mamba_cached_states": 0}, lowest=True)
-        _stack(axes[2], edges, [("running requests' states", mcap - m["mamba_free_slots"] - m["mamba_cached_states"],
+        m = peak_per_bin(steps, edges, "mamba_free_slots", ["mamba_free_slots", "mamba_evictable_states"],
+                         {"mamba_free_slots": pools["mamba"]["capacity"], "mamba_evictable_states": 0}, lowest=True)
+        _stack(axes[2], edges, [("running requests' states", mcap - m["mamba_free_slots"] - m["mamba_evictable_states"],
                                  "own"),
-                                ("states cached in the radix tree", m["mamba_cached_states"], "evictable"),
+                                ("evictable states in the radix tree", m["mamba_evictable_states"], "evictable"),
                                 ("free slots", m["mamba_free_slots"], "free")])
         axes[2].set_ylim(0, mcap * 1.04)
         axes[2].set_ylabel("state slots")
@@ -379,7 +379,8 @@ def plot_hybrid_compare(compare: dict, model: str = "hybrid") -> Figure:
     ax_b, ax_c = fig.subplots(1, 2)
     lens = np.asarray(compare["context_len"], dtype=float)
     full_name = compare.get("full_attn_model", "full attention")
-    cross = _crossover(lens, compare.get("hybrid_bytes_per_request"), compare.get("full_attn_bytes_per_request"))
+    cross = compare.get("crossover_context_len") or _crossover(
+        lens, compare.get("hybrid_bytes_per_request"), compare.get("full_attn_bytes_per_request"))
     panels = ((ax_b, "bytes_per_request", 1 / 2**30, "memory per request (GiB, one tp rank)", "Bytes per request"),
               (ax_c, "max_concurrency", 1.0, "max concurrent requests", "Max concurrency"))
     for ax, field, scale, ylabel, title in panels:
@@ -405,7 +406,8 @@ def plot_hybrid_compare(compare: dict, model: str = "hybrid") -> Figure:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
         if cross is not None:
-            ax.axvline(cross, color="grey", ls="--", lw=1, label=f"break-even ≈ {units.tokens(cross)} tokens")
+            exact = "=" if compare.get("crossover_context_len") else "≈"
+            ax.axvline(cross, color="grey", ls="--", lw=1, label=f"break-even {exact} {units.tokens(cross)} tokens")
     handles, labels = max((ax.get_legend_handles_labels() for ax in (ax_b, ax_c)), key=lambda hl: len(hl[0]))
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=9, frameon=False)

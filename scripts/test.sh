@@ -27,4 +27,4 @@ python -m pip install -q --upgrade pip
 # The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0 triton==3.9.0
 python -m pip install -q -e ".[gpu,test]"
-python -m pytest -q -rs "$@"
+python -m pytest -rs "$@"

@@ -16,7 +16,7 @@ import pandas as pd
 from pools.gpu_catalog import GPUSpec, get_gpu
 from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
-from pools.sizing import MemoryPlan, compare_records, plan_memory
+from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
 from sim.engine import Simulation
 from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
@@ -109,7 +109,8 @@ def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Mem
             "hybrid_bytes_per_request": pick("hybrid", "bytes_per_request"),
             "full_attn_bytes_per_request": pick("full", "bytes_per_request"),
             "hybrid_max_concurrency": pick("hybrid", "max_concurrency"),
-            "full_attn_max_concurrency": pick("full", "max_concurrency")}
+            "full_attn_max_concurrency": pick("full", "max_concurrency"),
+            "crossover_context_len": crossover_context_len(model, args)}
 
 
 def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,

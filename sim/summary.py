@@ -60,7 +60,8 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
             "capacity": cap_mamba,
             "peak_used_frac": float(mamba_used.max()) if len(steps) else 0.0,
             "mean_used_frac": _time_weighted_mean(mamba_used, dur) if len(steps) else 0.0,
-            "first_exhausted_s": _first_time(steps, steps["mamba_free_slots"] == 0) if len(steps) else None,
+            "first_exhausted_s": _first_time(steps, steps["mamba_free_slots"] + steps["mamba_evictable_states"] == 0)
+            if len(steps) else None,
             "mean_idle_slots": _time_weighted_mean(steps["mamba_free_slots"], dur) if len(steps) else 0.0,
         }
     exhausted = [(p["first_exhausted_s"], name) for name, p in pools.items() if p["first_exhausted_s"] is not None]

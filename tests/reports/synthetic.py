@@ -27,7 +27,7 @@ def big_run(num_steps: int = 100_000, num_requests: int = 20_000, replicas: int 
         "cached_prefill_tokens": np.where(np.arange(n) % 7 == 0, 2500, 0), "decode_tokens": running,
         "available_size": CAPACITY - own - protected - evictable, "evictable_size": evictable,
         "protected_size": protected, "free_req_rows": ROWS - running, "mamba_free_slots": 0,
-        "mamba_cached_states": 0, "retracted": (rng.random(n) < 0.01).astype(int), "aborted": 0,
+        "mamba_evictable_states": 0, "retracted": (rng.random(n) < 0.01).astype(int), "aborted": 0,
         "evicted_tokens": rng.integers(0, 100, n), "new_token_ratio": 0.5, "partial_page_tokens": running * 31,
         "row_tokens": own,
     })[list(STEP_COLUMNS)]
