@@ -237,3 +237,28 @@ def test_full_cycle_restores_capacity(device, page_size, need_sort):
     else:
         assert as_list(a.free_pages) == list(range(1, n + 1))  # paged frees prepend; need_sort sorts
     a.check_integrity()
+
+
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_page16_extend_decode_and_free(device, need_sort):
+    """Page 16, pool of 64 tokens = pages 1..4 (page 0 reserved)."""
+    a = PagedTokenToKVPoolAllocator(64, 16, need_sort=need_sort, device=device)
+    # a 20-token prompt: page 1 whole (16..31), page 2 for the 4-token remainder (32..35)
+    out = a.alloc_extend([0], [20], [-1], 20)
+    assert as_list(out) == list(range(16, 32)) + [32, 33, 34, 35]
+    # decode to 21: 21 % 16 != 1, the slot after 35; to 33 would need a new page
+    assert as_list(a.alloc_decode([21], [35])) == [36]
+    assert a.available_size() == 32
+    # a second request whose 3-token prefix ends at slot 50 (page 3) extends to 19 tokens: phase 1 fills
+    # 51..63 (13 tokens up to the page end), phase 3 puts the last 3 on the next free page, 4 (64, 65, 66)
+    a.alloc(16)  # take page 3 for that prefix
+    out = a.alloc_extend([3], [19], [50], 16)
+    assert as_list(out) == list(range(51, 64)) + [64, 65, 66]
+    assert a.available_size() == 0
+    a.free([36, 16])  # pages 2 and 1: unique sorted [1, 2]
+    if need_sort:
+        assert as_list(a.free_pages) == [] and a.available_size() == 32
+        assert as_list(a.alloc(16)) == list(range(16, 32))  # short -> merge and sort -> page 1 first
+    else:
+        assert as_list(a.free_pages) == [1, 2]
+    a.check_integrity()

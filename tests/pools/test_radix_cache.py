@@ -135,12 +135,21 @@ def test_spec_scenario_page4():
     finish(tree, c)  # key aligns to 16, all already cached; tail page 7 returns
     assert alloc.available_size() == 24 and as_list(alloc.free_pages)[0] == 7
 
-    # D (26 tokens): conservative demand 26 + 1 x 4 = 30, shortfall 6. Only the 4-token node is
-    # unlocked: eviction frees 4 < 6 and stops; the allocation still fits (7 pages free).
-    d = FakeReq(list(range(500, 526)))
+    # B finishes: its 17 tokens align to 16; tokens 12..15 differ from A's within the page, so B's page
+    # becomes a new 4-token leaf next to A/C's; B's 17th token (page 6) is freed. Tree: 12 -> {4, 4}.
+    live.remove(b)
+    finish(tree, b)
+    assert (tree.evictable_size(), tree.protected_size(), alloc.available_size()) == (20, 0, 28)
+    assert_conserved(tree, live, 48)
+
+    # D (30 unrelated tokens): conservative demand 30 + 1 x 4 = 34, shortfall 34 - 28 = 6. LRU: A/C's
+    # 4-token leaf first (C touched it before B's leaf was made), then B's: whole nodes go, 8 tokens
+    # for a shortfall of 6 (SGLANG_SPEC.md section 10).
+    d = FakeReq(list(range(500, 530)))
     out = admit(tree, pool, d)
-    assert as_list(out[:4]) == [16, 17, 18, 19]  # the evicted page 4 was prepended
-    assert (tree.evictable_size(), tree.protected_size()) == (0, 12)
+    assert tree.num_evicted_tokens == 8
+    assert (tree.evictable_size(), tree.protected_size()) == (12, 0)
+    assert as_list(out[:8]) == [20, 21, 22, 23, 16, 17, 18, 19]  # B's page 5, then A/C's page 4: prepended
     live.append(d)
     assert_conserved(tree, live, 48)
 

@@ -72,3 +72,22 @@ def test_the_browser_check_sees_a_broken_page(chromium, tmp_path):
     errors = " | ".join(found["console_errors"])
     assert "console.error: boom" in errors and "undefined_function" in errors and "load failed" in errors
     assert found["verdicts"] == ["Fits."]
+
+
+def test_bundled_trace_report_from_the_cli_in_chromium(chromium, tmp_path):
+    """The README's main job, end to end: `poolsim run` on the bundled trace writes the report; Chromium
+    shows every figure (the hybrid one included), the verdict, and no errors."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    out = tmp_path / "poolsim-report"
+    result = CliRunner().invoke(app, ["run", "--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--out", str(out),
+                                      "--quiet"])
+    assert result.exit_code == 0, result.output
+    verdict = json.loads((out / "summary.json").read_text())["verdict"]
+    shot = tmp_path / "report-bundled.png"
+    found = chromium.check_page(out / "report.html", shot)
+    keep(shot)
+    assert_seen_as_intended(found, [verdict], 6, shot)
+    assert "kimi-linear-48b-a3b on H200" in found["text"]
