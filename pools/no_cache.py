@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from pools.base_prefix_cache import BasePrefixCache
 from pools.radix_cache import InsertResult, MatchResult, TreeNode
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-class DisabledRadixCache:
+class DisabledRadixCache(BasePrefixCache):
     disable = True
-    num_evicted_tokens = 0
 
     def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int | None = None):
-        self.req_to_token_pool = req_to_token_pool
-        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.page_size = page_size or token_to_kv_pool_allocator.page_size
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)
         self.root_node = TreeNode(0, _EMPTY, _EMPTY, None)
         self.root_node.lock_ref = 1
 
@@ -26,9 +24,6 @@ class DisabledRadixCache:
         pass
 
     def supports_prefix_sharing(self) -> bool:
-        return False
-
-    def supports_mamba(self) -> bool:
         return False
 
     def match_prefix(self, key, **kwargs) -> MatchResult:
@@ -43,9 +38,6 @@ class DisabledRadixCache:
     def evict_for_alloc(self, num_tokens: int) -> int:
         return 0
 
-    def evict_mamba(self, num: int) -> int:
-        return 0
-
     def evictable_size(self) -> int:
         return 0
 
@@ -56,9 +48,6 @@ class DisabledRadixCache:
         return 0
 
     def total_size(self) -> int:
-        return 0
-
-    def mamba_evictable_size(self) -> int:
         return 0
 
     def lock(self, node):
@@ -76,12 +65,6 @@ class DisabledRadixCache:
     def on_release(self, req, checkpointed: bool) -> None:
         if hasattr(self.req_to_token_pool, "free_mamba_cache") and req.kv.holds_mamba:
             self.req_to_token_pool.free_mamba_cache(req)
-
-    def free_kv_row(self, kv, start: int, end: int) -> None:
-        if end > start:
-            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            self.token_to_kv_pool_allocator.free_segment(np.asarray(row[start:end], dtype=np.int64),
-                                                         start_pos=start)
 
     def check_integrity(self) -> None:
         pass

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import PoolError
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -79,15 +80,11 @@ class InsertResult(NamedTuple):
     mamba_exist: bool = False
 
 
-class RadixCache:
+class RadixCache(BasePrefixCache):
     """The tree cache the scheduler talks to (SGLang's ``UnifiedRadixCache``, FULL component only)."""
 
-    disable = False
-
     def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int | None = None):
-        self.req_to_token_pool = req_to_token_pool
-        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.page_size = page_size or token_to_kv_pool_allocator.page_size
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -133,15 +130,6 @@ class RadixCache:
 
     def supports_prefix_sharing(self) -> bool:
         return True
-
-    def supports_mamba(self) -> bool:
-        return False
-
-    def mamba_evictable_size(self) -> int:
-        return 0
-
-    def evict_mamba(self, num: int) -> int:
-        return 0
 
     # ------------------------------------------------------------------ keys
     def _child_key(self, tokens: np.ndarray, extra_key):
@@ -399,16 +387,6 @@ class RadixCache:
 
     def _cleanup_after_caching(self, req, is_finished: bool, result, mamba_value, keep_idx) -> None:
         """Hook: the mamba tree hands over or frees state slots here."""
-
-    def on_release(self, req, checkpointed: bool) -> None:
-        """Hook after a row is given back: a mamba tree frees the state slots it did not take."""
-
-    def free_kv_row(self, kv, start: int, end: int) -> None:
-        """Free a request's own row positions ``[start, end)`` (``start`` page-aligned)."""
-        if end > start:
-            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            self.token_to_kv_pool_allocator.free_segment(np.asarray(row[start:end], dtype=np.int64),
-                                                         start_pos=start)
 
     # ------------------------------------------------------------------ integrity
     def check_integrity(self) -> None:

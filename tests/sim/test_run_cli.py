@@ -1,0 +1,74 @@
+"""`poolsim run` as a user drives it: output, files, comparisons, and one-line errors for bad input."""
+
+import json
+
+from typer.testing import CliRunner
+
+from cli import app
+from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+
+runner = CliRunner()
+
+
+def small_trace(tmp_path):
+    path = tmp_path / "small.jsonl"
+    write_trace(slice_trace(load_trace(DEFAULT_TRACE), 0, 60), path)
+    return path
+
+
+def test_run_json_has_the_summary(tmp_path):
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["finished"] == summary["requests"] > 0
+    assert {"ttft_s", "itl_s", "e2e_s", "cache_hit_rate", "pools", "binding_pool", "verdict"} <= summary.keys()
+
+
+def test_run_writes_frames_summary_and_report(tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "qwen3-8b", "--gpu", "H100",
+                              "--page-size", "16", "--disable-overlap-schedule", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert {"steps.csv", "requests.csv", "summary.json", "run.json", "report.html"} <= {p.name for p in out.iterdir()}
+    run = json.loads((out / "run.json").read_text())
+    assert run["server_args"]["page_size"] == 16 and run["overlap_schedule"] is False
+    assert run["memory_plan"]["page_size"] == 16
+    assert "Fits" in res.output or "Retracted" in res.output
+
+
+def test_compare_model_runs_both_side_by_side(tmp_path):
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "kimi-linear-48b-a3b", "--gpu", "H200",
+                              "--compare-model", "llama-3.1-70b", "--compare-tp", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    both = json.loads(res.output)
+    assert set(both) == {"kimi-linear-48b-a3b tp1", "llama-3.1-70b tp2"}
+    assert "mamba" in both["kimi-linear-48b-a3b tp1"]["pools"]
+    assert "mamba" not in both["llama-3.1-70b tp2"]["pools"]
+
+
+def test_bad_input_is_one_line_and_nonzero(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                   '{"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": []}\n')
+    for args in (["run", str(bad)], ["run", str(tmp_path / "missing.jsonl")], ["run", "--model", "nosuch"],
+                 ["run", "--page-size", "3"], ["run", "--max-new-tokens-policy", "fixed:x"],
+                 ["run", "--step-time", "warp"], ["run", "--dp", "0"]):
+        argv = args + ["--gpu", "H100"] + ([] if "--model" in args else ["--model", "llama-3.1-8b"])
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, res.output)
+    out = tmp_path / "never"
+    res = runner.invoke(app, ["run", str(bad), "--model", "llama-3.1-8b", "--gpu", "H100", "--out", str(out)])
+    assert res.exit_code == 2 and not out.exists()  # nothing half-written
+    assert "bad.jsonl:2: field 'input_length'" in res.output
+    res = runner.invoke(app, ["run", str(bad), "--model", "llama-3.1-8b", "--gpu", "H100", "--skip-bad-lines",
+                              "--quiet"])
+    assert res.exit_code == 0 and "skipped 1 malformed trace lines" in res.output
+
+
+def test_a_model_that_cannot_fit_is_refused():
+    res = runner.invoke(app, ["run", "--model", "kimi-linear-48b-a3b", "--gpu", "H100"])
+    assert res.exit_code == 2
+    assert "weights need 91.55 GiB per rank" in res.output
