@@ -57,16 +57,6 @@ class FreeList:
         self._mark(out, free=False)
         return out
 
-    def peek(self, n: int):
-        """The first ``n`` ids without removing them."""
-        parts, need = [], n
-        for seg in self._segs:
-            if need <= 0:
-                break
-            parts.append(seg[:need])
-            need -= len(seg)
-        return self.xp.cat(parts) if parts else self.xp.empty()
-
     def push_back(self, ids) -> None:
         self._add(ids, front=False)
 

@@ -26,10 +26,6 @@ class KVCache:
     def rows(self) -> int:
         return self.size + self.page_size
 
-    def mem_usage_gib(self) -> float:
-        sizes = self.get_kv_size_bytes()
-        return (sum(sizes) if isinstance(sizes, tuple) else sizes) / 2**30
-
 
 class MHATokenToKVPool(KVCache):
     """Per layer ``k_buffer[rows, head_num, head_dim]`` and ``v_buffer[rows, head_num, v_head_dim]``."""
