@@ -341,6 +341,81 @@ def run(
 
 
 @app.command()
+@with_server_options
+def sweep(
+    server: dict,
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
+    grid: list[str] = typer.Option([], "--grid", help="A flag and its values, e.g. tp=1,2,4 or gpu=H100,H200 or "
+                                                      "mem_fraction_static=0.8,0.9 (repeat for more axes)."),
+    gpu_cost: str = typer.Option("", "--gpu-cost", help="$/GPU-hour per GPU, e.g. H100=2.5,H200=3.5: adds cost."),
+    slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
+    slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Parallel simulations (default: CPU count)."),
+    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
+    from sim.sweep import cheapest_meeting, parse_grid, run_sweep
+    from traces import DEFAULT_TRACE
+
+    try:
+        if slo_on not in ("e2e", "ttft"):
+            raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
+        axes = parse_grid(grid)
+        costs = {}
+        for item in filter(None, (x.strip() for x in gpu_cost.split(","))):
+            name, _, price = item.partition("=")
+            costs[name.strip()] = float(price)
+        first = {k: v[0] for k, v in axes.items() if k in ("model", "gpu")}
+        _server({**server, **first})  # the base flags' one-line errors, before forking
+        base = dict(server)
+        base["tp_size"], base["dp_size"] = base.pop("tp"), base.pop("dp")
+        for key in ("gpu_memory_gib", "gpu_bandwidth_tbs", "gpu_bf16_tflops", "gpu_fp8_tflops", "gpu_arch",
+                    "runtime_overhead_gib"):
+            base.pop(key)
+        if base.get("gpu") is None and "gpu" not in axes:
+            raise ValueError("--gpu (or --grid gpu=...) is required")
+        path = str(trace or DEFAULT_TRACE)
+        callback, bar = _progress(0, as_json)
+        if bar is not None:
+            bar.update(bar.task_ids[0], total=1)
+            bar.start()
+            callback = (lambda done, total, cb=callback: (bar.update(bar.task_ids[0], total=total), cb(done, 0.0)))
+        try:
+            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback)
+        finally:
+            if bar is not None:
+                bar.stop()
+    except (ValueError, OSError) as e:
+        _fail(e)
+    best = (cheapest_meeting(table, slo_p99_s, slo_on) if slo_p99_s is not None and "p99_latency_s" in table
+            else None)
+    if out is not None:
+        from reports.plots import plot_frontier
+
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "sweep.csv", index=False)
+        ok = table[table["error"] == ""] if "error" in table else table
+        if len(ok):  # the x axis is the latency the SLO bounds
+            shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
+            plot_frontier(shown, slo_s=slo_p99_s).savefig(out / "frontier.png", dpi=120)
+    if as_json:
+        typer.echo(json.dumps({"configs": table.to_dict("records"),
+                               "cheapest_meeting_slo": None if best is None else best["label"]},
+                              indent=2, default=float))
+        return
+    cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
+                        "aborted", "binding_pool", "cost", "error") if c in table.columns]
+    typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+    if slo_p99_s is not None:
+        typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: "
+                   + ("none" if best is None else best["label"]))
+    if out is not None:
+        typer.echo(f"wrote {out}/sweep.csv" + (f" and {out}/frontier.png" if (out / "frontier.png").exists() else ""))
+
+
+@app.command()
 def models() -> None:
     """The bundled model catalog."""
     from pools.model_config import ModelConfig
