@@ -37,6 +37,14 @@ class SchedulerConfig:
     enable_overlap: bool = True
     enable_mixed_chunk: bool = False
 
+    def __post_init__(self):
+        if self.max_total_num_tokens % self.page_size:
+            raise ValueError(f"max_total_num_tokens {self.max_total_num_tokens} is not a multiple of page_size "
+                             f"{self.page_size} (SGLang floors it to whole pages)")
+        if self.max_running_requests < 1 or self.max_total_num_tokens < self.page_size:
+            raise ValueError(f"a server needs at least one request row and one page, got "
+                             f"{self.max_running_requests} rows and {self.max_total_num_tokens} tokens")
+
 
 class NewTokenRatioTracker:
     def __init__(self, schedule_conservativeness: float):

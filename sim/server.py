@@ -29,19 +29,21 @@ class MambaConfig:
 
 
 def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
-                 recorder=None, replica: int = 0) -> Scheduler:
+                 recorder=None, replica: int = 0, device: str | None = None) -> Scheduler:
+    """``device``: None runs the pools on numpy (the simulator); a torch device runs the same bookkeeping on
+    torch tensors there, state buffers included (the validation path)."""
     rows = config.max_running_requests
     width = config.max_context_len or config.context_len
     if mamba is None:
-        pool = ReqToTokenPool(rows, width)
+        pool = ReqToTokenPool(rows, width, device=device)
     else:
         buffers = mamba.ping_pong_track_buffer_size if mamba.strategy == "extra_buffer" else 0
-        pool = HybridReqToTokenPool(rows, width, mamba.max_mamba_cache_size, mamba.cache_params,
+        pool = HybridReqToTokenPool(rows, width, mamba.max_mamba_cache_size, mamba.cache_params, device=device,
                                     mamba_ping_pong_track_buffer_size=buffers)
     if config.page_size == 1:
-        allocator = TokenToKVPoolAllocator(config.max_total_num_tokens)
+        allocator = TokenToKVPoolAllocator(config.max_total_num_tokens, device=device)
     else:
-        allocator = PagedTokenToKVPoolAllocator(config.max_total_num_tokens, config.page_size)
+        allocator = PagedTokenToKVPoolAllocator(config.max_total_num_tokens, config.page_size, device=device)
     if disable_radix_cache:
         tree = DisabledRadixCache(pool, allocator)
     elif mamba is not None:

@@ -90,7 +90,7 @@ class TraceReq:
         return -(self.rid * 1_000_000 + np.arange(1, n + 1, dtype=np.int64))
 
 
-def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True):
+def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None):
     """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler)."""
     from sim.engine import Simulation
     from sim.metrics import Recorder
@@ -98,7 +98,7 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
     from sim.step_time import FixedStepTime
 
     rec = Recorder()
-    sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec)
+    sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device)
     sim = Simulation([sched], FixedStepTime(step), rec,
                      max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, False),
                      check_every_step=check)
