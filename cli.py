@@ -608,8 +608,7 @@ def report(
         page = (render_comparison([run_dir, *compare], out or run_dir) if compare
                 else render_report(run_dir, out))
     except ReportError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        _fail(e)
     typer.echo(str(page))
 
 

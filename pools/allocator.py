@@ -46,19 +46,30 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         return self._free.to_array()
 
     @abc.abstractmethod
-    def _num_staged(self) -> int:
-        """Freed ids held back from the free list (need_sort staging)."""
-
-    @abc.abstractmethod
     def clear(self) -> None:
-        """Reset to the initial free list."""
+        """Reset to the initial free list (and call ``_clear_staged``)."""
 
     @abc.abstractmethod
     def free(self, free_index) -> None:
         """Return slots to the pool (or to the open free group)."""
 
     def available_size(self) -> int:
-        return (len(self._free) + self._num_staged()) * self.page_size
+        return (len(self._free) + self.num_staged) * self.page_size
+
+    # -- need_sort staging: freed ids wait here, unsorted and counted as available, until an alloc runs short
+    def _clear_staged(self) -> None:
+        self.staged: list = []
+        self.num_staged = 0
+
+    def _stage(self, ids) -> None:
+        self._free.mark_free(ids)
+        self.staged.append(self.xp.copy(ids))
+        self.num_staged += len(ids)
+
+    def merge_and_sort_free(self) -> None:
+        if self.staged:
+            self._free.replace(self.xp.sort(self.xp.cat([self._free.to_array(), *self.staged])))
+            self._clear_staged()
 
     def get_kvcache(self):
         return self._kvcache
@@ -82,7 +93,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # -- integrity ------------------------------------------------------------------------
     def _all_free_ids(self) -> np.ndarray:
-        return self.xp.to_numpy(self._free.to_array())
+        staged = [self.xp.to_numpy(p) for p in self.staged]
+        return np.concatenate([self.xp.to_numpy(self._free.to_array()), *staged])
 
     def check_integrity(self) -> None:
         ids = self._all_free_ids()
@@ -105,25 +117,13 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def clear(self) -> None:
         self._free = FreeList(self.xp, self.size, "slot")
-        self._release: list = []
-        self._num_release = 0
+        self._clear_staged()
         self.free_group = None
 
     @property
     def release_pages(self):
-        return self.xp.cat(self._release) if self._release else self.xp.empty()
-
-    def _num_staged(self) -> int:
-        return self._num_release
-
-    def available_size(self) -> int:
-        return len(self._free) + self._num_release
-
-    def merge_and_sort_free(self) -> None:
-        if self._num_release:
-            merged = self.xp.sort(self.xp.cat([self._free.to_array(), *self._release]))
-            self._free.replace(merged)
-            self._release, self._num_release = [], 0
+        """SGLang's name for the staged slots of the page-1 allocator."""
+        return self.xp.cat(self.staged) if self.staged else self.xp.empty()
 
     def alloc(self, need_size: int):
         if need_size < 0:
@@ -141,17 +141,13 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is not None:
             self.free_group.append(self.xp.copy(free_index))
         elif self.need_sort:
-            self._free.mark_free(free_index)
-            self._release.append(self.xp.copy(free_index))
-            self._num_release += len(free_index)
+            self._stage(free_index)
         else:
             self._free.push_back(free_index)
 
     def free_page_ids(self, page_ids) -> None:
         self.free(page_ids)  # page size 1: page ids are slot ids
 
-    def _all_free_ids(self) -> np.ndarray:
-        return np.concatenate([super()._all_free_ids(), self.xp.to_numpy(self.release_pages)])
 
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
@@ -159,19 +155,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def clear(self) -> None:
         self._free = FreeList(self.xp, self.size // self.page_size, "page")
-        self.staged_pages: list = []
-        self.num_staged_pages = 0
+        self._clear_staged()  # SGLang's staged_pages / num_staged_pages
         self.free_group = None
         self.free_page_ids_group: list = []
-
-    def _num_staged(self) -> int:
-        return self.num_staged_pages
-
-    def merge_and_sort_free(self) -> None:
-        if self.staged_pages:
-            merged = self.xp.sort(self.xp.cat([self._free.to_array(), *self.staged_pages]))
-            self._free.replace(merged)
-            self.staged_pages, self.num_staged_pages = [], 0
 
     def _expand(self, pages):
         ps = self.page_size
@@ -270,9 +256,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def _release_page_ids(self, page_ids) -> None:
         if self.need_sort:
-            self._free.mark_free(page_ids)
-            self.staged_pages.append(self.xp.copy(page_ids))
-            self.num_staged_pages += len(page_ids)
+            self._stage(page_ids)
         else:
             self._free.push_front(page_ids)
 
@@ -282,9 +266,6 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             pending, self.free_page_ids_group = self.free_page_ids_group, []
             self._release_page_ids(self.xp.cat(pending))
 
-    def _all_free_ids(self) -> np.ndarray:
-        staged = [self.xp.to_numpy(p) for p in self.staged_pages]
-        return np.concatenate([super()._all_free_ids(), *staged])
 
 
 class MambaSlotAllocator:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pandas as pd
 
-from pools.gpu_catalog import GPUSpec, get_gpu
+from pools.gpu_catalog import GPUSpec
 from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory

@@ -147,7 +147,6 @@ class AnalyticStepTime:
                 f"overhead {k.overhead_s * 1e3:g} ms/step")
 
     def __call__(self, batch) -> float:
-        c = self.cost
         prefill_tokens = decode_tokens = 0
         pairs_prefill = pairs_decode = context_tokens = 0
         for p, e in zip(batch.prefix_lens, batch.extend_lens):
