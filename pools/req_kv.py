@@ -41,6 +41,8 @@ class ReqKvInfo:
         self.kv_committed_len = 0
         self.cache_protected_len = 0
         self.cache_inserted_len = 0
+        self.mamba_pool_idx = None  # already given back by release_kv_cache
+        self.mamba_ping_pong_track_buffer = None
         self.mamba_cow_src_index = None
         self.mamba_next_track_idx = None
         self.mamba_last_track_idx = None

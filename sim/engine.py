@@ -8,13 +8,22 @@ Plain (``--disable-overlap-schedule``): schedule, run, process, repeat.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import simpy
 
 from sim.metrics import Recorder
 from sim.req import Req
 from sim.scheduler import Scheduler
+
+
+class Launch(NamedTuple):
+    """A forward step on the GPU: what runs, when, and its index."""
+
+    batch: object  # ScheduleBatch as launched (the result processor's view)
+    start: float
+    end: float
+    step: int
 
 
 @dataclass
@@ -90,39 +99,32 @@ class Simulation:
         sched = state.scheduler
         env = self.env
         overlap = sched.config.enable_overlap
-        pending = None  # overlap: (batch copy, end time, step)
         while True:
             sched.now = env.now
             batch = sched.get_next_batch_to_run()
             launched = None
             if batch is not None:
                 start = max(env.now, state.gpu_free_at)
-                end = start + self.step_time(batch)
-                state.gpu_free_at = end
-                launched = (batch.copy(), end, state.step, start)
+                state.gpu_free_at = start + self.step_time(batch)
+                launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
                 sched.forward_ct += 1
-            processed = False
-            if overlap:
-                if launched is not None:
-                    sched.result_queue.append(launched[0])
-                if pending is not None:
-                    yield env.timeout(max(pending[1] - env.now, 0))
-                    sched.now = env.now
-                    sched.result_queue.pop(0)
-                    sched.process_batch_result(pending[0], pending[1], pending[2])
-                    processed = True
-                pending = launched
-            elif launched is not None:
-                yield env.timeout(launched[1] - env.now)
+            # overlap: this step was planned before the previous one's result landed; process that one now
+            landed = sched.result_queue.pop(0) if overlap and sched.result_queue else None
+            if overlap and launched is not None:
+                sched.result_queue.append(launched)
+            if not overlap:
+                landed = launched
+            if landed is not None:
+                yield env.timeout(max(landed.end - env.now, 0))
                 sched.now = env.now
-                sched.process_batch_result(launched[0], launched[1], launched[2])
+                sched.process_batch_result(landed.batch, landed.end, landed.step)
             sched.last_batch = batch
             if launched is not None:
                 self._record(state, launched)
                 state.step += 1
             if self.check_every_step:
                 self._check(sched, [r for r in self._all_reqs if r.replica == sched.replica])
-            if launched is None and not processed:
+            if launched is None and landed is None:
                 # Idle: nothing runs and nothing landed, so nothing changes until a request arrives.
                 sched.on_idle()
                 if self.arrivals_done.triggered:
@@ -135,12 +137,12 @@ class Simulation:
 
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):
-            sched._abort(req, "can never be scheduled")
+            sched.abort(req)  # can never be scheduled
         sched.waiting_queue.clear()
 
     def _record(self, state: ReplicaState, launched) -> None:
         sched = state.scheduler
-        batch, end, step, start = launched
+        batch, start, end, step = launched
         tree = sched.tree_cache
         pool = sched.req_to_token_pool
         mamba = getattr(pool, "mamba_allocator", None)

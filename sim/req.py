@@ -106,5 +106,3 @@ class Req:
         self.mamba_branching_seqlen = None
         self.num_matched_prefix_tokens = 0
         self.kv.reset_for_retract()
-        self.kv.mamba_pool_idx = None
-        self.kv.mamba_ping_pong_track_buffer = None

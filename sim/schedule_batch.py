@@ -122,10 +122,8 @@ class ScheduleBatch:
             retracted.append(self.reqs[idx])
         if len(order) <= 1 and not self.check_decode_mem([self.reqs[i] for i in order]):
             idx = order.pop()
-            req = self.reqs[idx]
-            req.finished_reason, req.aborted = "abort", True
-            self._release_req(req, 0, retract=False)
-            aborted.append(req)
+            self._release_req(self.reqs[idx], 0, retract=False)
+            aborted.append(self.reqs[idx])  # the scheduler marks it FINISH_ABORT
         self.filter_batch(keep_indices=order)
         decoded = sum(r.num_output for r in self.reqs)
         budget = sum(r.max_new_tokens for r in self.reqs)

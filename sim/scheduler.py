@@ -75,7 +75,7 @@ class Scheduler:
         self.running_batch = ScheduleBatch([], tree_cache, req_to_token_pool)
         self.chunked_req = None
         self.last_batch: ScheduleBatch | None = None
-        self.result_queue: list[ScheduleBatch] = []  # overlap: launched, not yet processed
+        self.result_queue: list = []  # overlap: steps launched whose result has not landed (engine.Launch)
         self.forward_ct = 0
         self.max_req_len = min(config.context_len - 1, config.max_total_num_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
@@ -88,7 +88,7 @@ class Scheduler:
     def add_request(self, req) -> bool:
         """Validate and queue a request (``_handle_generate_request``); False if it was aborted."""
         if req.origin_input_len >= self.max_req_input_len:
-            self._abort(req, "input longer than the context or the KV pool")
+            self.abort(req)  # the input is longer than the context or the KV pool
             return False
         max_new = min(req.max_new_tokens, self.max_req_len - req.origin_input_len - 1)
         paged_input = -(-req.origin_input_len // self.page_size) * self.page_size
@@ -97,7 +97,8 @@ class Scheduler:
         self.waiting_queue.append(req)
         return True
 
-    def _abort(self, req, why: str) -> None:
+    def abort(self, req) -> None:
+        """SGLang's FINISH_ABORT: the request ends now, without output, and is reported."""
         req.finished_reason, req.aborted = "abort", True
         req.finish_time = self.now
         self.step_aborted.append(req)
@@ -221,7 +222,7 @@ class Scheduler:
         """Overlap: requests whose queued (unprocessed) result finishes them by length skip this step."""
         if not self.config.enable_overlap or not self.result_queue:
             return []
-        queued = set(map(id, self.result_queue[0].reqs))
+        queued = set(map(id, self.result_queue[0].batch.reqs))
         return [r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()]
 
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
@@ -241,11 +242,8 @@ class Scheduler:
             retracted, ratio, aborted = batch.retract_decode()
             self.new_token_ratio.current = ratio
             self.step_retracted += len(retracted)
-            for req in aborted:
-                req.finish_time = self.now
-                self.step_aborted.append(req)
-                if self.recorder is not None:
-                    self.recorder.on_finish(req)
+            for req in aborted:  # even the last request could not decode: its KV is already released
+                self.abort(req)
             self.waiting_queue.extend(retracted)
         else:
             self.new_token_ratio.decay_step()
