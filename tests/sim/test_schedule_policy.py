@@ -1,0 +1,68 @@
+"""Waiting-queue order (SGLANG_SPEC.md 0.1 and schedule_policy.py): fcfs keeps arrival order, lpm sorts by
+cached prefix, defers a request whose prefix another waiting request brings, and falls back to fcfs past 128."""
+
+from pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
+from sim.req import Req
+from sim.schedule_policy import SchedulePolicy
+from tests.helpers import TraceReq
+
+
+def tree_with(tokens):
+    tree = RadixCache(ReqToTokenPool(4, 256), TokenToKVPoolAllocator(512))
+    n = len(tokens)
+    tree.insert(RadixKey(tokens), tree.token_to_kv_pool_allocator.alloc(n))
+    return tree
+
+
+def req(rid, prompt):
+    return Req(rid, TraceReq(rid, 0.0, prompt, 4), max_new_tokens=4)
+
+
+CACHED = list(range(1, 101))  # a 100-token prompt already in the tree
+
+
+def test_lpm_sorts_by_cached_prefix_and_defers_in_batch_duplicates():
+    tree = tree_with(CACHED)
+    fresh = [500 + i for i in range(40)]
+    a = req(0, list(range(900, 950)))  # nothing cached
+    b = req(1, CACHED[:60] + [7] * 10)  # 60 cached
+    c = req(2, fresh + [1, 2])  # 0 cached; first to bring `fresh`
+    d = req(3, fresh + [3, 4])  # 0 cached; shares 40 >= 32 tokens with c's -> deferred
+    e = req(4, CACHED + [8])  # 100 cached (the uncapped calc_priority match), capped to 100 of 101
+    queue = [a, b, c, d, e]
+    SchedulePolicy("lpm", tree).calc_priority(queue)
+    assert [r.rid for r in queue] == [4, 1, 0, 2, 3]
+    assert [r.num_matched_prefix_tokens for r in (e, b, a)] == [100, 60, 0]
+
+
+def test_lpm_falls_back_to_fcfs_past_128_waiting():
+    tree = tree_with(CACHED)
+    queue = [req(i, [1000 + i, 1]) for i in range(128)] + [req(128, CACHED + [5])]
+    SchedulePolicy("lpm", tree).calc_priority(queue)
+    assert queue[-1].rid == 128  # 129 waiting: no matching, no sorting
+    queue = queue[1:]
+    SchedulePolicy("lpm", tree).calc_priority(queue)
+    assert queue[0].rid == 128  # 128 waiting: sorted
+
+
+def test_fcfs_keeps_order_and_refreshes_waiting_prefixes_every_32nd_pass():
+    tree = tree_with(CACHED)
+    alloc = tree.token_to_kv_pool_allocator
+    tree.insert(RadixKey([300, 301, 302]), alloc.alloc(3))  # newer than CACHED
+    queue = [req(0, CACHED + [9]), req(1, [42, 43])]
+    policy = SchedulePolicy("fcfs", tree)
+    policy.calc_priority(queue)  # pass 0 refreshes: CACHED's leaf is now the most recent
+    assert [r.rid for r in queue] == [0, 1]
+    assert tree.evict(1) == 3  # so [300..302] is the LRU leaf
+    for _ in range(31):
+        policy.calc_priority(queue)  # passes 1..31 do not refresh
+    tree.insert(RadixKey([400, 401]), alloc.alloc(2))
+    policy.calc_priority(queue)  # pass 32 refreshes again
+    assert tree.evict(1) == 2
+
+
+def test_disabled_cache_turns_lpm_into_fcfs():
+    from pools import DisabledRadixCache
+
+    pool, alloc = ReqToTokenPool(4, 64), TokenToKVPoolAllocator(64)
+    assert SchedulePolicy("lpm", DisabledRadixCache(pool, alloc)).policy == "fcfs"
