@@ -3,6 +3,10 @@
 Each replica's loop is SGLang's event loop. Overlap (the default): step i+1 is scheduled while step i
 runs on the GPU, so step i's results (outputs, finishes, frees) land after step i+1 was planned.
 Plain (``--disable-overlap-schedule``): schedule, run, process, repeat.
+
+The arrival process is bench_serving's client: open loop (send at the trace's times) or, with
+``max_concurrency``, closed loop (its semaphore: a request is sent when one of the N in flight finishes), and
+``Barrier`` items between phases (warm-up, back-to-back runs).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from sim.req import Req
 from sim.scheduler import Scheduler
 
 
+FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
+
+
 class Launch(NamedTuple):
     """A forward step on the GPU: what runs, when, and its index."""
 
@@ -24,6 +31,14 @@ class Launch(NamedTuple):
     start: float
     end: float
     step: int
+
+
+class Barrier(NamedTuple):
+    """Between two phases of a client: wait until every request sent so far has finished, wait ``pause_s``, then
+    optionally flush the cache (``/flush_cache``). Later arrival times count from the barrier's end."""
+
+    pause_s: float = 0.0
+    flush_cache: bool = False
 
 
 @dataclass
@@ -38,7 +53,7 @@ class ReplicaState:
 class Simulation:
     def __init__(self, schedulers: list[Scheduler], step_time: Callable, recorder: Recorder,
                  max_new_tokens_for: Callable, router: str = "round_robin", progress: Callable | None = None,
-                 check_every_step: bool = False):
+                 check_every_step: bool = False, max_concurrency: int | None = None):
         self.env = simpy.Environment()
         self.replicas = [ReplicaState(s, self.env.event()) for s in schedulers]
         self.step_time = step_time
@@ -51,15 +66,30 @@ class Simulation:
         self._rr = 0
         self.num_requests = 0
         self._all_reqs: list[Req] = []
+        # bench_serving's asyncio.Semaphore(max_concurrency): a slot is taken at send and given back at finish
+        self.slots = simpy.Container(self.env, max_concurrency, init=max_concurrency) if max_concurrency else None
+        self.num_done = 0
+        self._drained: simpy.Event | None = None
+        self.barrier_times: list[float] = []  # when each Barrier ended (the next phase's time zero)
+        recorder.on_done = self._on_done
 
     # ---------------------------------------------------------------- arrivals
     def _arrivals(self, trace: Iterable):
+        offset = 0.0
         for treq in trace:
-            delay = treq.arrival_s - self.env.now
+            if isinstance(treq, Barrier):
+                yield from self._barrier(treq)
+                offset = self.env.now
+                continue
+            delay = treq.arrival_s + offset - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
+            if self.slots is not None:
+                yield self.slots.get(1)
             max_new, ignore_eos = self.max_new_tokens_for(treq)
             req = Req(treq.rid, treq, max_new, ignore_eos)
+            if self.slots is not None or offset:
+                req.arrival_s = self.env.now  # the send time (bench_serving starts a request's clock here)
             if self.check_every_step:
                 self._all_reqs.append(req)
             state = self._route(req)
@@ -70,6 +100,30 @@ class Simulation:
             if not state.wakeup.triggered:
                 state.wakeup.succeed()
         self.arrivals_done.succeed()
+
+    def _on_done(self, req: Req) -> None:
+        """A request finished or was aborted: its client call returns."""
+        self.num_done += 1
+        if self.slots is not None:
+            self.slots.put(1)
+        if self._drained is not None and self.num_done == self.num_requests:
+            self._drained.succeed()
+            self._drained = None
+
+    def _barrier(self, barrier: Barrier):
+        if self.num_done < self.num_requests:
+            self._drained = self.env.event()
+            yield self._drained
+        if barrier.pause_s > 0:
+            yield self.env.timeout(barrier.pause_s)
+        if barrier.flush_cache:
+            for state in self.replicas:
+                # SGLang flushes only a fully idle server; bench_serving's flush waits for that
+                while state.scheduler.has_work() or state.gpu_free_at > self.env.now:
+                    yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
+                state.scheduler.flush_cache()
+                state.evicted_seen = 0  # the tree's eviction counter restarts
+        self.barrier_times.append(self.env.now)
 
     def _route(self, req: Req) -> ReplicaState:
         if len(self.replicas) == 1:

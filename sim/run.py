@@ -117,7 +117,12 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None) -> RunResult:
+             progress: Callable | None = None, max_concurrency: int | None = None) -> RunResult:
+    """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
+    ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
+    ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
@@ -126,7 +131,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
                             recorder=recorder, replica=i) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration)
     sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
-                     router=router, progress=progress, check_every_step=check)
+                     router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency)
     sim.run(trace)
     steps, requests = recorder.step_frame(), recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
@@ -140,6 +145,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "max_new_tokens_policy": max_new_tokens, "router": router, "step_time_model": clock.describe(),
         "overlap_schedule": config.enable_overlap, "memory_plan": plan.to_dict(),
         "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
+        "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
     return RunResult(steps, requests, summary, run, plan)
 
