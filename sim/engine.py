@@ -33,12 +33,17 @@ class Launch(NamedTuple):
     step: int
 
 
+KEEP = -1  # Barrier.max_concurrency: keep the current limit
+
+
 class Barrier(NamedTuple):
     """Between two phases of a client: wait until every request sent so far has finished, wait ``pause_s``, then
-    optionally flush the cache (``/flush_cache``). Later arrival times count from the barrier's end."""
+    optionally flush the cache (``/flush_cache``). Later arrival times count from the barrier's end; the next
+    phase runs with ``max_concurrency`` (None: no limit; KEEP: as before)."""
 
     pause_s: float = 0.0
     flush_cache: bool = False
+    max_concurrency: int | None = KEEP
 
 
 @dataclass
@@ -53,7 +58,8 @@ class ReplicaState:
 class Simulation:
     def __init__(self, schedulers: list[Scheduler], step_time: Callable, recorder: Recorder,
                  max_new_tokens_for: Callable, router: str = "round_robin", progress: Callable | None = None,
-                 check_every_step: bool = False, max_concurrency: int | None = None):
+                 check_every_step: bool = False, max_concurrency: int | None = None,
+                 record_token_times: bool = False):
         self.env = simpy.Environment()
         self.replicas = [ReplicaState(s, self.env.event()) for s in schedulers]
         self.step_time = step_time
@@ -67,11 +73,13 @@ class Simulation:
         self.num_requests = 0
         self._all_reqs: list[Req] = []
         # bench_serving's asyncio.Semaphore(max_concurrency): a slot is taken at send and given back at finish
-        self.slots = simpy.Container(self.env, max_concurrency, init=max_concurrency) if max_concurrency else None
+        self.slots = self._slots(max_concurrency)
         self.num_done = 0
         self._drained: simpy.Event | None = None
         self.barrier_times: list[float] = []  # when each Barrier ended (the next phase's time zero)
         recorder.on_done = self._on_done
+        # rid -> the time each output token landed (bench_serving's per-token ITL); off by default (memory)
+        self.token_times: dict[int, list[float]] | None = {} if record_token_times else None
 
     # ---------------------------------------------------------------- arrivals
     def _arrivals(self, trace: Iterable):
@@ -101,6 +109,9 @@ class Simulation:
                 state.wakeup.succeed()
         self.arrivals_done.succeed()
 
+    def _slots(self, limit: int | None) -> simpy.Container | None:
+        return simpy.Container(self.env, limit, init=limit) if limit else None
+
     def _on_done(self, req: Req) -> None:
         """A request finished or was aborted: its client call returns."""
         self.num_done += 1
@@ -123,6 +134,8 @@ class Simulation:
                     yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
                 state.scheduler.flush_cache()
                 state.evicted_seen = 0  # the tree's eviction counter restarts
+        if barrier.max_concurrency != KEEP:
+            self.slots = self._slots(barrier.max_concurrency)
         self.barrier_times.append(self.env.now)
 
     def _route(self, req: Req) -> ReplicaState:
@@ -172,6 +185,8 @@ class Simulation:
                 yield env.timeout(max(landed.end - env.now, 0))
                 sched.now = env.now
                 sched.process_batch_result(landed.batch, landed.end, landed.step)
+                if self.token_times is not None:
+                    self._stamp_tokens(landed.batch, landed.end)
             sched.last_batch = batch
             if launched is not None:
                 self._record(state, launched)
@@ -188,6 +203,13 @@ class Simulation:
                     continue
                 state.wakeup = env.event()
                 yield state.wakeup | self.arrivals_done
+
+    def _stamp_tokens(self, batch, end: float) -> None:
+        """A request got a token in this step if its output grew (at most one token per step)."""
+        for req in batch.reqs:
+            times = self.token_times.setdefault(req.rid, [])
+            if len(times) < req.num_output:
+                times.append(end)
 
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):
