@@ -93,7 +93,9 @@ class Simulation:
             if delay > 0:
                 yield self.env.timeout(delay)
             if self.slots is not None:
-                yield self.slots.get(1)
+                slot = self.slots.get(1)
+                if not slot.triggered:  # a free slot is taken at once: requests sent together arrive together
+                    yield slot
             max_new, ignore_eos = self.max_new_tokens_for(treq)
             req = Req(treq.rid, treq, max_new, ignore_eos)
             if self.slots is not None or offset:
