@@ -149,3 +149,17 @@ def test_cli_bench_json_and_one_line_errors():
                       (["--dataset-name", "sharegpt"], "--dataset-path")):
         res = runner.invoke(app, base + bad)
         assert res.exit_code == 2 and flag in res.output and res.output.count("\n") == 1, res.output
+
+
+def test_closed_loop_under_the_overlap_schedule():
+    """Overlap loop, one in flight: r0's decodes are launched a step ahead, but a length finish is known in
+    advance, so no step rides along after its third token (30 ms); the server idles until r1 arrives at 30 ms,
+    then prefills it [30, 40 ms] and decodes to 60 ms."""
+    res = simulate([req(0), req(1)], ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs(),
+                   step_time="fixed:10", max_concurrency=1, token_times=True)
+    r = res.requests
+    assert r["arrival_s"].tolist() == pytest.approx([0, 0.03])
+    assert r["first_token_s"].tolist() == pytest.approx([0.01, 0.04])
+    assert res.token_times[0] == pytest.approx([0.01, 0.02, 0.03])
+    assert res.token_times[1] == pytest.approx([0.04, 0.05, 0.06])
+    assert res.steps["kind"].tolist() == ["extend", "decode", "decode"] * 2
