@@ -33,9 +33,10 @@ Version notes. ``--random-range-ratio`` in SGLang draws from ``[max(int(L * r), 
 bound was ``int(L * r)`` without the ``max(.., 1)``, so ratio 0 could draw 0-token outputs; 0.5.23 has the bound 1
 for inputs and outputs. vLLM's ``benchmark_serving`` reads the ratio as a half-width: ``[int(L * (1 - r)),
 int(L * (1 + r))]``, output low at least 1 (``range_style="vllm"``; drawn here with the same numpy stream, so
-only the bounds are vLLM's). ``burstiness`` is vLLM's gamma-interval option (shape ``b``, scale ``1 / (rate *
-b)``); SGLang 0.5.23 has only the exponential, which equals the gamma stream at ``b = 1`` in numpy's legacy
-generator.
+only the bounds are vLLM's, and the input low is at least 1 too: a prompt needs a token). ``burstiness`` is
+vLLM's gamma-interval option (shape ``b``, scale ``1 / (rate * b)``); SGLang 0.5.23 has only the exponential,
+which equals the gamma stream at ``b = 1`` in numpy's legacy generator. Not replayed: ``--dataset-offset``,
+``--prompt-suffix``, ``--apply-chat-template`` (they change text a tokenizer would count).
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def bench_requests(dataset: str, num_prompts: int, *, input_len: int = 1024, out
             rows = _random_rows(in_lens, out_lens, py_rng, sharegpt_path)
         else:
             rows = _random_id_rows(in_lens, out_lens, np_rng, vocab_size)
+    if not rows:
+        raise ValueError(f"--dataset-name {dataset}: no ShareGPT conversation passes bench_serving's filters")
     times = arrival_times(len(rows), request_rate, np_rng, burstiness)
     return [Request(rid=rid_base + i, arrival_s=t, input_len=n, output_len=out, max_new_tokens=out, ignore_eos=True,
                     **ident) for i, ((n, out, ident), t) in enumerate(zip(rows, times))]

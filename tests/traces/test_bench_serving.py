@@ -190,6 +190,10 @@ def test_bad_arguments_name_the_flag(tmp_path):
         bench_requests("random-ids", 3, range_ratio=1.5, vocab_size=10)
     with pytest.raises(ValueError, match="--request-rate"):
         bench_requests("random-ids", 3, request_rate=0.0, vocab_size=10)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}]}]))
+    with pytest.raises(ValueError, match="no ShareGPT conversation"):
+        bench_requests("sharegpt", 3, sharegpt_path=empty)
     bad = tmp_path / "bad.json"
     bad.write_text('[{"conversations": [}]')
     with pytest.raises(TraceFormatError, match="bad.json:1"):
