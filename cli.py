@@ -623,7 +623,8 @@ def _bench_list(flag: str, text: str, parse) -> list:
 @with_server_options
 def bench(
     server: dict,
-    dataset_name: str = typer.Option("random", "--dataset-name", help="random|random-ids|sharegpt"),
+    dataset_name: str = typer.Option("random-ids", "--dataset-name",
+                                     help="random-ids|random|sharegpt (random, sharegpt: need --dataset-path)."),
     dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
     num_prompts: int = typer.Option(1000, "--num-prompts"),
     random_input_len: int = typer.Option(1024, "--random-input-len"),

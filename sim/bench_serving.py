@@ -26,7 +26,7 @@ PERCENTILES = (90, 95, 99)
 class BenchConfig:
     """One bench_serving invocation, its flags by their bench_serving names."""
 
-    dataset_name: str = "random"
+    dataset_name: str = "random-ids"  # bench_serving defaults to sharegpt, which needs a file
     num_prompts: int = 1000
     random_input_len: int = 1024
     random_output_len: int = 1024
