@@ -458,7 +458,7 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
             raise SizingError(f"--tp {tp} does not divide num_key_value_heads {kv}")
         if not model.use_mla and kv < tp and tp % kv:
             raise SizingError(f"--tp {tp} is not a multiple of num_key_value_heads {kv}")
-    if model.linear_attn is not None and model.linear_attn.num_heads % tp:
+    if model.linear_attn is not None and model.linear_attn.kind != "short_conv" and model.linear_attn.num_heads % tp:
         raise SizingError(f"--tp {tp} does not divide the {model.linear_attn.kind} heads {model.linear_attn.num_heads}")
     if model.quant_method == "fp8" and model.weight_block_size is not None and tp > 1:
         block_n = model.weight_block_size[0]
