@@ -29,11 +29,13 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
+from pools.dtypes import dtype_bytes
 from pools.errors import PoolError
 from pools.gpu_catalog import GIB, GPUSpec
-from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool
+from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool, SWAKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool
 from pools.model_config import ModelConfig
+from pools.pool_configurator import HybridSWAPoolConfigurator, PoolSizingError, pool_configurator
 from pools.server_args import ServerArgs
 
 # CUDA context + NCCL/distributed init before SGLang takes its baseline; cannot be measured here.
@@ -48,7 +50,11 @@ REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spe
 REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
 MAMBA_BASE_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, kv_cache_configurator.py:234
 MAMBA_CONV_DTYPE = "bfloat16"  # SGLANG_MAMBA_CONV_DTYPE default, environ.py:1628
-MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM"}  # overrides.py:403
+MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM",  # overrides.py:403
+                            "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                            "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM"}
+QWEN3_5_HYBRID_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",  # model_overrides/qwen3_5.py:17
+                        "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
                    "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -121,11 +127,34 @@ class MemoryPlan:
     mamba_strategy: str | None = None  # no_buffer | extra_buffer | extra_buffer_lazy | off (no radix cache)
     overlap_forced_off: bool = False  # auto resolved to no_buffer, which turns the overlap scheduler off
     disable_overlap_schedule: bool = False
+    # sliding-window attention (None for models without windowed layers)
+    sliding_window: int | None = None
+    swa_layer_ids: tuple[int, ...] | None = None
+    swa_pool: str | None = None  # "hybrid": a separate SWA pool | "all-full": every layer sized as full
+    swa_full_tokens_ratio: float | None = None
+    full_max_total_num_tokens: int | None = None  # "full_layer_tokens=" of SGLang's log
+    swa_max_total_num_tokens: int | None = None  # "swa_layer_tokens="
+    full_k_size_gib: float | None = None  # "Full KV Cache is allocated ... K size"
+    full_v_size_gib: float | None = None
+    swa_k_size_gib: float | None = None  # "SWA KV Cache is allocated ... K size"
+    swa_v_size_gib: float | None = None
+    swa_kv_head_num: int | None = None
+    swa_head_dim: int | None = None
+    swa_v_head_dim: int | None = None
+    # DeepSeek sparse attention (None otherwise)
+    index_head_dim: int | None = None
+    index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
+    latent_row_bytes: int | None = None  # bytes per token per layer of the latent row
+    notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
     warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
 
     @property
     def is_hybrid(self) -> bool:
         return self.max_mamba_cache_size is not None
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return self.swa_pool == "hybrid"
 
     _MAMBA_KEYS = {"max_mamba_cache_size": "max_mamba_cache_size", "mamba_bytes_per_slot": "bytes_per_slot",
                    "conv_state_gib": "conv_state_gib", "ssm_state_gib": "ssm_state_gib",
@@ -146,6 +175,8 @@ class MemoryPlan:
     def make_kv_pool(self, device: str | None = None) -> KVCache:
         """The KV storage pool SGLang builds for this plan (buffers only on a torch device)."""
         size, page, dtype = self.max_total_num_tokens, self.page_size, self.kv_cache_dtype
+        if self.is_hybrid_swa or self.index_head_dim is not None:
+            raise PoolError(f"{self.model}: the simulator's device pools do not model SWA or DSA pools")
         if self.is_hybrid:
             return HybridLinearKVPool(size, page, dtype, list(self.full_attention_layer_ids), mamba_pool=None,
                                       device=device, use_mla=self.attention_arch == "mla", head_num=self.kv_head_num,
@@ -181,13 +212,31 @@ class MemoryPlan:
                                            f"(runtime overhead {self.runtime_overhead_gib:.2f} GiB, assumed)"),
             ("weights per rank", f"{self.weights_gib_per_rank:.2f} GiB"),
             ("KV + state budget (rest)", f"{self.rest_gib:.2f} GiB; headroom {self.non_static_headroom_gib:.2f} GiB"),
-            ("cell size", f"{self.cell_size_bytes} B/token over {self.kv_layer_num} KV layers"),
+            ("cell size", f"{self.cell_size_bytes:,} B/token over {self.kv_layer_num} KV layers"
+                          + (f" (SWA layers weighted by swa_full_tokens_ratio {self.swa_full_tokens_ratio})"
+                             if self.is_hybrid_swa else "")),
             ("max_total_num_tokens", f"{self.max_total_num_tokens:,}"),
         ]
-        if self.k_size_gib is not None:
+        if self.is_hybrid_swa:
+            rows += [("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} of "
+                                        f"{self.kv_layer_num} layers: two pools (hybrid SWA)"),
+                     ("SWA split", f"full_layer_tokens={self.full_max_total_num_tokens:,}, "
+                                   f"swa_layer_tokens={self.swa_max_total_num_tokens:,}"),
+                     ("Full KV pool", f"K size: {self.full_k_size_gib:.2f} GB, V size: {self.full_v_size_gib:.2f} GB"),
+                     ("SWA KV pool", f"K size: {self.swa_k_size_gib:.2f} GB, V size: {self.swa_v_size_gib:.2f} GB"),
+                     ("SWAKVPool mem usage", f"{self.kv_cache_gib:.2f} GB")]
+        elif self.k_size_gib is not None:
             rows.append(("KV pool", f"K size: {self.k_size_gib:.2f} GB, V size: {self.v_size_gib:.2f} GB"))
         else:
             rows.append(("KV pool", f"KV size: {self.kv_size_gib:.2f} GB"))
+        if self.swa_pool == "all-full":
+            rows.append(("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} layers, "
+                                           "not used for sizing: one pool, every layer sized as full "
+                                           "(off SGLang's hybrid-SWA list)"))
+        if self.index_head_dim is not None:
+            rows.append(("DSA index-K cache", f"{self.index_k_size_gib:.2f} GB (in KV size); latent "
+                                              f"{self.latent_row_bytes} B + index {self.index_head_dim + 4} B "
+                                              "per token per layer, page 64"))
         if self.is_hybrid:
             rows += [("mamba slots", f"{self.max_mamba_cache_size:,} x {self.mamba_bytes_per_slot:,} B "
                                      f"({self.linear_attn_kind}, {len(self.linear_layer_ids)} layers)"),
@@ -199,6 +248,7 @@ class MemoryPlan:
                                           + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")),
                  ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
                                         f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
+        rows += [("note", n) for n in self.notes]
         rows += [("warning", w) for w in self.warnings]
         width = max(len(k) for k, _ in rows)
         out = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -297,11 +347,18 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
                               extra_buffer: bool) -> tuple[str, int | None]:
     """(backend, page size a model override forces or None): get_default_attn_backend
     (model_override_base.py:277) plus the DeepSeek, Qwen3-Next and Nemotron-H sm100 overrides."""
+    if model.dsa is not None:
+        # model_overrides/deepseek_v2.py:99-172: the dsa backend and 64-token pages (index_kpool 1)
+        return args.attention_backend or "dsa", 64
     if args.attention_backend is not None:
         backend = args.attention_backend
+    elif model.architecture == "GptOssForCausalLM":  # model_overrides/gpt_oss.py
+        backend = {"sm100": "trtllm_mha", "sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "triton")
+    elif gpu.arch == "sm100" and model.architecture in ("Lfm2ForCausalLM", "GraniteMoeHybridForCausalLM"):
+        backend = "flashinfer"  # model_overrides/lfm2.py, granitemoehybrid.py (Granite: with mamba layers)
     elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
         backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
-    elif gpu.arch == "sm100" and model.architecture == "Qwen3NextForCausalLM":
+    elif gpu.arch == "sm100" and model.architecture in QWEN3_5_HYBRID_ARCHS:
         # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 unless the radix cache runs without
         # the extra buffer (then page 1 and triton)
         no_buffer_radix = not extra_buffer and not args.disable_radix_cache
@@ -365,11 +422,18 @@ def mamba_ratio(strategy: str, disable_overlap_schedule: bool) -> int:
 # ---- pools -------------------------------------------------------------------------------------
 
 
-def resolve_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str) -> str:
+def resolve_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str, gpu: GPUSpec | None = None) -> str:
     """configure_kv_cache_dtype (mem_cache/kv_cache_dtype.py:34): auto = the model dtype (fp8 when the
-    checkpoint's quantization_config declares an FP8 KV cache)."""
+    checkpoint's quantization_config declares an FP8 KV cache). DSA models: _dsa_kv_cache_dtype_default
+    (overrides.py:491-546), auto = fp8_e4m3 on sm100 and bfloat16 below; nothing else is allowed."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise SizingError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    if model.dsa is not None:
+        if kv_cache_dtype == "auto":
+            return "fp8_e4m3" if gpu is not None and gpu.arch == "sm100" else "bfloat16"
+        if KV_CACHE_DTYPES[kv_cache_dtype] not in ("bfloat16", "fp8_e4m3"):
+            raise SizingError(f"--kv-cache-dtype {kv_cache_dtype}: DeepSeek DSA supports only bfloat16 or fp8_e4m3")
+        return KV_CACHE_DTYPES[kv_cache_dtype]
     if kv_cache_dtype == "auto":
         return "fp8_e4m3" if model.kv_cache_quant_fp8 else model.dtype
     return KV_CACHE_DTYPES[kv_cache_dtype]
@@ -380,18 +444,11 @@ def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
     return max(1, model.num_key_value_heads // tp)
 
 
-def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str) -> KVCache:
+def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str, gpu_arch: str = "sm90",
+                 swa_full_tokens_ratio: float = 0.8) -> KVCache:
     """The KV storage pool SGLang builds (sizes only; no buffers without a device)."""
-    if model.is_hybrid:
-        return HybridLinearKVPool(size, page_size, dtype, model.full_attention_layer_ids, mamba_pool=None,
-                                  use_mla=model.use_mla, head_num=kv_heads_per_rank(model, tp),
-                                  head_dim=model.head_dim, v_head_dim=model.v_head_dim,
-                                  kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
-    layers = len(model.full_attention_layer_ids)
-    if model.use_mla:
-        return MLATokenToKVPool(size, page_size, dtype, model.kv_lora_rank, model.qk_rope_head_dim, layers)
-    return MHATokenToKVPool(size, page_size, dtype, kv_heads_per_rank(model, tp), model.head_dim, layers,
-                            v_head_dim=model.v_head_dim)
+    return pool_configurator(model, tp, page_size, dtype, gpu_arch=gpu_arch,
+                             swa_full_tokens_ratio=swa_full_tokens_ratio).kv_pool(size)
 
 
 def mamba_cache_params(model: ModelConfig, tp: int, ssm_dtype_flag: str | None) -> MambaCacheParams:
@@ -488,7 +545,11 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         if value is not None and value < 1:
             raise SizingError(f"{flag} {value} must be >= 1")
     context_len = _resolve_context_len(model, args)
-    kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype)
+    kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype, gpu)
+    if model.is_hybrid_swa and args.max_running_requests is not None and args.disable_radix_cache and (
+            args.chunked_prefill_size is None or args.chunked_prefill_size > 0):
+        raise SizingError("--max-running-requests with --disable-radix-cache: SGLang sizes this hybrid-SWA model's "
+                          "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
 
     strategy, disable_overlap, overlap_forced_off = (None, args.disable_overlap_schedule, False)
     if model.is_hybrid:
@@ -546,15 +607,21 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         mamba = (params, per_slot, max_mamba)
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
-    cell = make_kv_pool(model, tp, 0, page_size, kv_dtype).cell_size_bytes()  # B per token
-    profiled = available_bytes // cell // page_size * page_size  # tokens, page-floored
     warnings = []
-    max_total_num_tokens = profiled
-    if args.max_total_tokens is not None:
-        if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
-            warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
-                            f"{profiled}. Use the profiled value instead.")
-        max_total_num_tokens = min(profiled, args.max_total_tokens) // page_size * page_size
+    try:
+        conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                                 swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+        cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
+        sizes = conf.calculate_pool_sizes(available_bytes)
+        profiled = sizes.max_total_num_tokens  # tokens, page-floored
+        if args.max_total_tokens is not None:
+            if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
+                warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
+                                f"{profiled}. Use the profiled value instead.")
+            sizes = conf.from_max_tokens(min(profiled, args.max_total_tokens))
+    except PoolSizingError as e:
+        raise SizingError(str(e)) from None
+    max_total_num_tokens = sizes.max_total_num_tokens
     if max_total_num_tokens <= 0:
         raise SizingError(f"max_total_num_tokens {max_total_num_tokens}: {rest:.2f} GiB holds no page of "
                           f"{page_size} tokens x {cell} B; raise --mem-fraction-static")
@@ -572,9 +639,13 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         warnings.append(f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length {context_len}. "
                         "One full-length request cannot fit.")
 
-    kv_pool = make_kv_pool(model, tp, max_total_num_tokens, page_size, kv_dtype)
+    kv_pool = conf.kv_pool(max_total_num_tokens, sizes.swa_max_total_num_tokens)
     kv_sizes = kv_pool.get_kv_size_bytes()  # B with size + page_size rows per layer
     kv_total = sum(kv_sizes) if isinstance(kv_sizes, tuple) else kv_sizes
+    window_fields = _window_fields(model, kv_pool, args) if model.swa is not None else {}
+    if model.dsa is not None:
+        window_fields = dict(index_head_dim=model.dsa.index_head_dim, index_k_size_gib=kv_pool.index_k_size_bytes() / GIB,
+                             latent_row_bytes=kv_pool.latent_row_bytes)
     max_context_len = context_len + REQ_TO_TOKEN_EXTRA_CONTEXT  # tokens per req_to_token row
     req_to_token_bytes = (max_reqs + 1) * max_context_len * REQ_TO_TOKEN_ENTRY_BYTES  # B, row 0 included
     mamba_total = 0
@@ -620,8 +691,22 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         kv_size_gib=None if isinstance(kv_sizes, tuple) else kv_sizes / GIB,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
-        full_attention_layer_ids=tuple(model.full_attention_layer_ids),
-        disable_overlap_schedule=disable_overlap, warnings=tuple(warnings), **hybrid_fields)
+        full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
+        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
+        **window_fields)
+
+
+def _window_fields(model: ModelConfig, kv_pool: KVCache, args: ServerArgs) -> dict:
+    """What a plan reports about the sliding window: both pools as SGLang logs them, or that it is unused."""
+    out = dict(sliding_window=model.sliding_window, swa_layer_ids=tuple(model.swa_layer_ids))
+    if not isinstance(kv_pool, SWAKVPool):
+        return dict(out, swa_pool="all-full")
+    full, swa = kv_pool.full_kv_pool, kv_pool.swa_kv_pool
+    (fk, fv), (sk, sv) = full.get_kv_size_bytes(), swa.get_kv_size_bytes()
+    return dict(out, swa_pool="hybrid", swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                full_max_total_num_tokens=full.size, swa_max_total_num_tokens=swa.size,
+                full_k_size_gib=fk / GIB, full_v_size_gib=fv / GIB, swa_k_size_gib=sk / GIB, swa_v_size_gib=sv / GIB,
+                swa_kv_head_num=swa.head_num, swa_head_dim=swa.head_dim, swa_v_head_dim=swa.v_head_dim)
 
 
 def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
@@ -665,6 +750,8 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
             continue
         pages = -(-length // plan.page_size) * plan.page_size  # tokens held, page-rounded
         kv_limit = plan.max_total_num_tokens // pages
+        if plan.is_hybrid_swa:  # the SWA pool holds about the last window (+ a page) of each request
+            kv_limit = min(kv_limit, plan.swa_max_total_num_tokens // _swa_tokens_per_request(plan, length))
         if kv_limit < rows:
             binding = "kv_tokens"
         else:
@@ -673,9 +760,23 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
     return out
 
 
+def _swa_tokens_per_request(plan: MemoryPlan, context_len: int) -> int:
+    """SWA tokens a request keeps: min(length, window) page-rounded, plus the page SGLang's admission
+    reserves (mem_cache/prefill_budget.py:27-60); out-of-window tokens are released."""
+    held = min(context_len, plan.sliding_window)
+    return -(-held // plan.page_size) * plan.page_size + plan.page_size
+
+
 def bytes_per_request(plan: MemoryPlan, context_len: int) -> int:
-    """KV of ``context_len`` tokens (page-rounded) plus one state slot for hybrids, on one rank."""
+    """KV of ``context_len`` tokens (page-rounded) plus one state slot for hybrids, on one rank; for hybrid
+    SWA, the full layers hold every token and the SWA layers about the last window."""
     pages = -(-context_len // plan.page_size) * plan.page_size
+    if plan.is_hybrid_swa:
+        full_layers = len(plan.full_attention_layer_ids)
+        full_tok = plan.kv_head_num * (plan.head_dim + plan.v_head_dim) * full_layers
+        swa_tok = plan.swa_kv_head_num * (plan.swa_head_dim + plan.swa_v_head_dim) * len(plan.swa_layer_ids)
+        width = dtype_bytes(plan.kv_cache_dtype)
+        return (pages * full_tok + _swa_tokens_per_request(plan, context_len) * swa_tok) * width
     return pages * plan.cell_size_bytes + (plan.mamba_bytes_per_slot or 0)
 
 

@@ -39,5 +39,5 @@ def parse(cfg: dict, source: str, name: str) -> ModelConfig:
 
 # NOTE: imported for their @register side effect, after FAMILIES exists.
 from pools.models import (  # noqa: E402,F401
-    deepseek, granite_moe_hybrid, grok, kimi_linear, lfm2, llama, nemotron_h, qwen3_next, qwen_moe,
+    deepseek, granite_moe_hybrid, grok, kimi_linear, lfm2, llama, nemotron_h, qwen3_next, qwen_moe, sliding_window,
 )
