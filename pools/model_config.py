@@ -246,7 +246,10 @@ class ModelConfig:
         return tuple(self.attention_arch if layer.mixer == "attention" else layer.mixer for layer in self.layers)
 
     def with_full_attention(self) -> "ModelConfig":
-        """The same model with every linear-attention layer replaced by a full-attention layer."""
+        """The same model with every linear-attention or sliding-window layer replaced by a full-attention layer."""
+        if self.swa is not None and not self.is_hybrid:
+            layers = tuple(replace(layer, sliding_window=0) for layer in self.layers)
+            return replace(self, name=f"{self.name} (all full attention)", layers=layers, swa=None)
         if not self.is_hybrid:
             return self
         layers = tuple(LayerSpec("attention", layer.mlp) if layer.mixer in LINEAR_MIXERS else layer
