@@ -35,7 +35,8 @@ from pools.gpu_catalog import GIB, GPUSpec
 from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool, SWAKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool
 from pools.model_config import ModelConfig
-from pools.pool_configurator import HybridSWAPoolConfigurator, PoolSizingError, pool_configurator
+from pools.pool_configurator import PoolSizingError, pool_configurator
+from pools.pool_configurator import kv_heads_per_rank as heads_per_rank
 from pools.server_args import ServerArgs
 
 # CUDA context + NCCL/distributed init before SGLang takes its baseline; cannot be measured here.
@@ -441,7 +442,7 @@ def resolve_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str, gpu: GPUSpec
 
 def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
     """get_num_kv_heads (configs/model_config.py:1700): max(1, kv_heads // tp)."""
-    return max(1, model.num_key_value_heads // tp)
+    return heads_per_rank(model.num_key_value_heads, tp)
 
 
 def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str, gpu_arch: str = "sm90",

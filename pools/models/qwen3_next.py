@@ -10,6 +10,7 @@ from __future__ import annotations
 from pools.model_config import LayerSpec, LinearAttnSpec, MoESpec
 from pools.models import register
 from pools.models.base import Family
+from pools.models.vision import qwen3_vl_vision_tensors
 
 
 @register
@@ -48,7 +49,9 @@ class Qwen3Next(Family):
             mlp = self.qwen_sparse_layers(n)
         inter = self.get_int("intermediate_size", 0) if moe else self.need_int("intermediate_size")
         layers = tuple(LayerSpec(k, m) for k, m in zip(kinds, mlp))
+        vision = self.top.get("vision_config") if self.arch.endswith("ForConditionalGeneration") else None
+        extra = qwen3_vl_vision_tensors(vision, self.source) if vision else ()
         # mamba2_state_dtype reads config.mamba_ssm_dtype, or text_config's (configs/mamba_utils.py:47-107)
         return dict(**self.mha(), layers=layers, linear_attn=linear, moe=moe, intermediate_size=inter,
                     attn_output_gate=bool(self.get("attn_output_gate", True)),
-                    mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"))
+                    mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"), extra_weights=extra)

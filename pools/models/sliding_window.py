@@ -14,7 +14,7 @@ from pools.models import register
 from pools.models.base import Family
 
 
-def _window_layers(family: Family, windowed: list[bool], window: int, mlp: list[str]) -> tuple[LayerSpec, ...]:
+def _window_layers(windowed: list[bool], window: int, mlp: list[str]) -> tuple[LayerSpec, ...]:
     return tuple(LayerSpec("attention", m, window if w else 0) for w, m in zip(windowed, mlp))
 
 
@@ -29,7 +29,6 @@ class GptOss(Family):
         if bad:
             raise ValueError(f"{self.source}: field 'layer_types' has {bad}; expected sliding_attention "
                              "or full_attention")
-        h = self.need_int("hidden_size")
         experts = self.need_int("num_local_experts")
         top_k = self.cfg.get("num_experts_per_tok", self.cfg.get("experts_per_token"))
         moe = MoESpec(num_experts=experts, top_k=self.check_int(top_k, "num_experts_per_tok"),
@@ -40,7 +39,7 @@ class GptOss(Family):
         extra = (WeightTensor("moe.router_bias", experts, 1, n),
                  WeightTensor("attn.sinks", heads, 1, n, "col"))
         windowed = [t == "sliding_attention" for t in types]
-        return dict(**attn, layers=_window_layers(self, windowed, self.need_int("sliding_window"), ["moe"] * n),
+        return dict(**attn, layers=_window_layers(windowed, self.need_int("sliding_window"), ["moe"] * n),
                     intermediate_size=0, moe=moe, extra_weights=extra,
                     dtype="bfloat16",  # _gpt_oss_overrides: mxfp4 checkpoints run in bfloat16
                     swa=SWASpec(attn["num_key_value_heads"], attn["head_dim"], attn["v_head_dim"], hybrid_pool=True))
@@ -66,7 +65,7 @@ class MiMoV2(Family):
                       shared_intermediate_size=self.need_int("moe_intermediate_size") * self.get_int("n_shared_experts", 0),
                       score_bias=self.get("topk_method") == "noaux_tc")
         window = self.cfg.get("sliding_window") or self.need("sliding_window_size")
-        return dict(**attn, layers=_window_layers(self, [p == 1 for p in pattern], self.check_int(window, "sliding_window"),
+        return dict(**attn, layers=_window_layers([p == 1 for p in pattern], self.check_int(window, "sliding_window"),
                                                  mlp),
                     intermediate_size=self.need_int("intermediate_size"), moe=moe, swa=swa)
 
@@ -101,7 +100,7 @@ class Gemma3(Family):
         # four norms per layer (input, post-attention, pre- and post-feedforward); the generic count has two
         extra = (WeightTensor("norms.pre_post_feedforward", h, 1, 2 * n),)
         windowed = [t == "sliding_attention" for t in types]
-        return dict(**attn, layers=_window_layers(self, windowed, self.need_int("sliding_window"), ["dense"] * n),
+        return dict(**attn, layers=_window_layers(windowed, self.need_int("sliding_window"), ["dense"] * n),
                     intermediate_size=self.need_int("intermediate_size"), extra_weights=extra,
                     tie_word_embeddings=bool(self.cfg.get("tie_word_embeddings")),
                     swa=SWASpec(attn["num_key_value_heads"], attn["head_dim"], attn["v_head_dim"], hybrid_pool=False))

@@ -33,6 +33,19 @@ def test_qwen3_5_9b_reads_its_text_config_layers_and_state():
     assert m.attn_output_gate and m.moe is None and m.intermediate_size == 12288
 
 
+def test_qwen3_5_9b_counts_its_vision_tower_weights():
+    m = ModelConfig.load("qwen3.5-9b")
+    h, inter, depth = 1152, 4304, 27
+    patch_embed = h * 3 * 2 * 16 * 16 + h  # Conv3d (temporal 2, 16 x 16) with bias
+    pos_embed = 2304 * h
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (inter * h + inter) + (h * inter + h)
+    merger = 2 * h + (4 * h * 4 * h + 4 * h) + (4096 * 4 * h + 4096)  # LayerNorm, fc1, fc2 (spatial merge 2 x 2)
+    vision = sum(t.numel for t in m.weight_tensors() if t.name.startswith("visual"))
+    assert vision == patch_embed + pos_embed + depth * block + merger == 456_010_480
+    assert m.active_param_count() == sum(t.numel * t.active for t in m.weight_tensors()
+                                         if not t.name.startswith("visual") and t.name != "embed_tokens")
+
+
 def test_qwen3_5_9b_plan_per_token_and_per_slot_bytes():
     p = plan("qwen3.5-9b", max_total_tokens=100_000)
     # KV: 4 kv heads x (256 + 256) x 2 B = 4,096 B per attention layer, 8 layers
