@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pools.errors import SizingError
 from pools.kv_cache import (DSATokenToKVPool, HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool,
                             SWAKVPool)
 from pools.model_config import ModelConfig
 
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio default, arg_groups/fields/schedule.py:150-162
 DSA_PAGE_SIZE = 64  # DSATokenToKVPool's physical page (memory_pool.py:5371); the DeepSeek override sets it
-
-
-class PoolSizingError(ValueError):
-    """A pool SGLang would refuse to build; one line naming the parameter."""
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
@@ -108,7 +105,7 @@ class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
     def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, ratio: float):
         super().__init__(model, tp, page_size, dtype)
         if not 0 < ratio <= 1:  # arg_groups/kv_cache_hook.py:427
-            raise PoolSizingError(f"--swa-full-tokens-ratio {ratio} is not in (0, 1]")
+            raise SizingError(f"--swa-full-tokens-ratio {ratio} is not in (0, 1]")
         self.ratio = ratio
         full_ids = set(model.full_attention_layer_ids) - set(model.swa_layer_ids)
         self.full_layer_ids = sorted(full_ids)
@@ -147,7 +144,7 @@ class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
         swa = floor_page(int(full * self.ratio), page)
         window = self.model.sliding_window
         if window + page >= swa:  # validate_swa_pool_size (:197-216)
-            raise PoolSizingError(f"--swa-full-tokens-ratio {self.ratio}: the SWA pool ({swa} tokens) cannot hold "
+            raise SizingError(f"--swa-full-tokens-ratio {self.ratio}: the SWA pool ({swa} tokens) cannot hold "
                                   f"one request; SGLang needs more than sliding_window ({window}) + page_size ({page})")
         return PoolSizes(full, swa)
 

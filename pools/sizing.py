@@ -30,40 +30,25 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from pools.dtypes import dtype_bytes
-from pools.errors import PoolError
+from pools.errors import PoolError, SizingError
 from pools.gpu_catalog import GIB, GPUSpec
 from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool, SWAKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool
 from pools.model_config import ModelConfig
-from pools.pool_configurator import PoolSizingError, pool_configurator
-from pools.pool_configurator import kv_heads_per_rank as heads_per_rank
+from pools.mamba_sizing import (  # noqa: F401 (re-exported: the sizing API)
+    MAMBA_STRATEGIES, _mamba_state_gib, _validate_mamba_strategy, mamba_cache_params, mamba_ratio,
+    resolve_mamba_strategy, split_mamba_budget,
+)
+from pools.pool_configurator import pool_configurator
+from pools.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
+    default_chunked_prefill_size, default_mem_fraction_static, default_runtime_overhead_gib, kv_heads_per_rank,
+    resolve_attention_backend, resolve_kv_cache_dtype, resolve_page_size,
+)
 from pools.server_args import ServerArgs
 
-# CUDA context + NCCL/distributed init before SGLang takes its baseline; cannot be measured here.
-# tp=1: H100 80GB, 81559 MiB = 79.65 GiB total, SGLang logs "Load weight begin. avail mem=78.43 GB"
-#       (Llama-3.1-8B, 2026-02 SGLang docs CI log) -> 1.22 GiB.
-# tp>1: H200, 143771 MiB = 140.40 GiB, "avail mem=137.29 GB" on TP ranks 1-6 at tp=8
-#       (sgl-project/sglang#11716 log; "Init torch distributed ends. mem usage=2.01 GB") -> 3.11 GiB.
-RUNTIME_OVERHEAD_GIB_TP1 = 1.22
-RUNTIME_OVERHEAD_GIB_MULTI_GPU = 3.11
 
 REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spec decoding, allocation_sizing.py:105
 REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
-MAMBA_BASE_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, kv_cache_configurator.py:234
-MAMBA_CONV_DTYPE = "bfloat16"  # SGLANG_MAMBA_CONV_DTYPE default, environ.py:1628
-MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM",  # overrides.py:403
-                            "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                            "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM"}
-QWEN3_5_HYBRID_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",  # model_overrides/qwen3_5.py:17
-                        "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
-MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
-KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-                   "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
-
-
-class SizingError(ValueError):
-    """A configuration SGLang would refuse (or OOM on); the message is one line naming the parameter."""
 
 
 @dataclass(frozen=True)
@@ -269,180 +254,7 @@ class Concurrency:
     binding: str  # kv_tokens | request_rows | mamba_slots | context_len (longer than a request may be)
 
 
-# ---- defaults SGLang resolves from the GPU ------------------------------------------------------
-
-
-def default_runtime_overhead_gib(tp_size: int) -> float:
-    return RUNTIME_OVERHEAD_GIB_TP1 if tp_size == 1 else RUNTIME_OVERHEAD_GIB_MULTI_GPU
-
-
-def _capacity_tier(gpu: GPUSpec, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode CUDA-graph max_bs) by GPU memory, memory_hook.py:93-172."""
-    mib = gpu.memory_mib
-    if mib < 20 * 1024:
-        return 2048, 8
-    if mib < 35 * 1024:
-        return 4096, 48 if tp < 4 else 160
-    if mib < 60 * 1024:
-        return 4096, 32 if tp < 4 else 160
-    if mib < 160 * 1024:  # the <90 GiB (H100, A100) and <160 GiB (H20, H200) tiers agree
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
-
-
-def default_chunked_prefill_size(gpu: GPUSpec, tp: int = 1) -> int:
-    return _capacity_tier(gpu, tp)[0]
-
-
-def prefill_cuda_graph_bs(max_bs: int) -> list[int]:
-    """generate_prefill_cuda_graph_batch_sizes (cuda_graph_hook.py:480)."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
-    return [s for s in sizes if s <= max_bs]
-
-
-def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, chunked_prefill_size: int) -> float:
-    """handle_gpu_memory_settings (memory_hook.py:47-290) without post-capture sizing (its env flag is off)."""
-    tp = args.tp_size
-    gpu_mem = gpu.memory_mib  # MiB
-    decode_max_bs = _capacity_tier(gpu, tp)[1]
-    if args.max_running_requests is not None:
-        decode_max_bs = min(decode_max_bs, args.max_running_requests)  # memory_hook.py:174-180
-    if chunked_prefill_size > 0:
-        activation_tokens = max(chunked_prefill_size, 2048)
-    else:
-        activation_tokens = max(args.max_prefill_tokens, 2048)
-    reserved = 512  # MiB: constant metadata (attention backend)
-    reserved += activation_tokens * 1.5  # MiB: activations
-    reserved += tp * 1 / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes
-    reserved += _reserve_for_graph_mib(model, gpu, args, decode_max_bs, chunked_prefill_size)  # MiB
-    if gpu_mem > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)  # MiB: a 10 GiB floor on big cards
-    return round((gpu_mem - reserved) / gpu_mem, 3)
-
-
-def _prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
-    # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170)
-    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not (
-        model.linear_attn is not None and model.linear_attn.kind == "kda")
-
-
-def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill_size: int) -> float:
-    """reserve_for_graph_mb (memory_hook.py:292-332)."""
-    reserved = 0.0
-    if not args.disable_cuda_graph:
-        reserved += decode_max_bs * 2  # MiB: decode graphs
-    if _prefill_cuda_graph_on(model, gpu, args):
-        if model.use_mla:
-            reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead
-        else:
-            max_bs = chunked_prefill_size
-            if args.max_total_tokens is not None:
-                max_bs = min(max_bs, args.max_total_tokens)
-            reserved += len(prefill_cuda_graph_bs(max_bs)) * 8  # MiB per captured prefill size
-    return reserved
-
-
-def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, kv_heads_per_rank: int,
-                              extra_buffer: bool) -> tuple[str, int | None]:
-    """(backend, page size a model override forces or None): get_default_attn_backend
-    (model_override_base.py:277) plus the DeepSeek, Qwen3-Next and Nemotron-H sm100 overrides."""
-    if model.dsa is not None:
-        # model_overrides/deepseek_v2.py:99-172: the dsa backend and 64-token pages (index_kpool 1)
-        return args.attention_backend or "dsa", 64
-    if args.attention_backend is not None:
-        backend = args.attention_backend
-    elif model.architecture == "GptOssForCausalLM":  # model_overrides/gpt_oss.py
-        backend = {"sm100": "trtllm_mha", "sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "triton")
-    elif gpu.arch == "sm100" and model.architecture in ("Lfm2ForCausalLM", "GraniteMoeHybridForCausalLM"):
-        backend = "flashinfer"  # model_overrides/lfm2.py, granitemoehybrid.py (Granite: with mamba layers)
-    elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
-        backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
-    elif gpu.arch == "sm100" and model.architecture in QWEN3_5_HYBRID_ARCHS:
-        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 unless the radix cache runs without
-        # the extra buffer (then page 1 and triton)
-        no_buffer_radix = not extra_buffer and not args.disable_radix_cache
-        return ("triton", 1) if no_buffer_radix else ("trtllm_mha", 64)
-    elif gpu.arch == "sm100" and model.architecture == "NemotronHForCausalLM":
-        backend = "trtllm_mha"  # model_overrides/nemotron_h.py:142-143
-    elif not model.use_mla:
-        backend = {"sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "flashinfer")
-        if gpu.arch == "sm100":
-            backend = "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
-    else:
-        backend = {"sm90": "fa3", "sm100": "flashinfer"}.get(gpu.arch, "triton")
-        if gpu.arch == "gfx942":
-            backend = "aiter" if kv_heads_per_rank in (16, 128) else "triton"
-    if backend == "fa3" and args.kv_cache_dtype == "fp8_e5m2":
-        backend = "triton"  # overrides.py:1272-1280
-    return backend, None
-
-
-def resolve_page_size(model: ModelConfig, gpu: GPUSpec, backend: str, page_size: int) -> int:
-    """_mla_backend_page_constraints and _fa4_page_constraint (overrides.py:1143-1300)."""
-    if backend == "flashmla":
-        return 64
-    if backend in ("trtllm_mla", "cutedsl_mla") and page_size not in (32, 64):
-        return 64
-    if backend == "trtllm_mha" and page_size not in (16, 32, 64, 128):
-        return 64
-    if backend == "fa4" and not model.use_mla and gpu.arch == "sm100":
-        return 128
-    return page_size
-
-
-def resolve_mamba_strategy(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> tuple[str, bool, bool]:
-    """(strategy, disable_overlap_schedule, overlap_forced_off): _mamba_radix_cache_resolution (overrides.py:454)."""
-    overlap_off = args.disable_overlap_schedule
-    if args.disable_radix_cache:
-        return "off", overlap_off, False
-    strategy = args.mamba_radix_cache_strategy
-    if strategy == "auto":
-        wants_overlap = not overlap_off
-        wants_paging = args.page_size > 1
-        # linear_attn_backend defaults to triton, which supports the extra buffer (overrides.py:436-450)
-        if (wants_overlap or wants_paging) and model.architecture in MAMBA_EXTRA_BUFFER_ARCHS:
-            return "extra_buffer", overlap_off, False
-        return "no_buffer", True, not overlap_off
-    return strategy, overlap_off, False
-
-
-def mamba_ratio(strategy: str, disable_overlap_schedule: bool) -> int:
-    """_calculate_mamba_ratio (kv_cache_configurator.py:3062): slots a running request may hold."""
-    if strategy == "off":
-        return 1
-    tracking_slots = 0  # get_mamba_tracking_slots, allocation_sizing.py:11
-    if strategy == "extra_buffer_lazy":
-        tracking_slots = 1
-    elif strategy == "extra_buffer":
-        tracking_slots = 1 if disable_overlap_schedule else 2
-    return MAMBA_BASE_RATIO + tracking_slots
-
-
 # ---- pools -------------------------------------------------------------------------------------
-
-
-def resolve_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str, gpu: GPUSpec | None = None) -> str:
-    """configure_kv_cache_dtype (mem_cache/kv_cache_dtype.py:34): auto = the model dtype (fp8 when the
-    checkpoint's quantization_config declares an FP8 KV cache). DSA models: _dsa_kv_cache_dtype_default
-    (overrides.py:491-546), auto = fp8_e4m3 on sm100 and bfloat16 below; nothing else is allowed."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise SizingError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
-    if model.dsa is not None:
-        if kv_cache_dtype == "auto":
-            return "fp8_e4m3" if gpu is not None and gpu.arch == "sm100" else "bfloat16"
-        if KV_CACHE_DTYPES[kv_cache_dtype] not in ("bfloat16", "fp8_e4m3"):
-            raise SizingError(f"--kv-cache-dtype {kv_cache_dtype}: DeepSeek DSA supports only bfloat16 or fp8_e4m3")
-        return KV_CACHE_DTYPES[kv_cache_dtype]
-    if kv_cache_dtype == "auto":
-        return "fp8_e4m3" if model.kv_cache_quant_fp8 else model.dtype
-    return KV_CACHE_DTYPES[kv_cache_dtype]
-
-
-def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
-    """get_num_kv_heads (configs/model_config.py:1700): max(1, kv_heads // tp)."""
-    return heads_per_rank(model.num_key_value_heads, tp)
 
 
 def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str, gpu_arch: str = "sm90",
@@ -450,38 +262,6 @@ def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: 
     """The KV storage pool SGLang builds (sizes only; no buffers without a device)."""
     return pool_configurator(model, tp, page_size, dtype, gpu_arch=gpu_arch,
                              swa_full_tokens_ratio=swa_full_tokens_ratio).kv_pool(size)
-
-
-def mamba_cache_params(model: ModelConfig, tp: int, ssm_dtype_flag: str | None) -> MambaCacheParams:
-    """``mamba2_cache_params``; SSM dtype: --mamba-ssm-dtype, else the config's mamba_ssm_dtype, else float32
-    (mamba2_state_dtype, configs/mamba_utils.py:47-107)."""
-    if ssm_dtype_flag is not None and ssm_dtype_flag not in MAMBA_SSM_DTYPES:
-        raise SizingError(f"--mamba-ssm-dtype {ssm_dtype_flag!r} is not one of {', '.join(MAMBA_SSM_DTYPES)}")
-    config_dtype = model.mamba_ssm_dtype if model.mamba_ssm_dtype in MAMBA_SSM_DTYPES else None
-    ssm_dtype = ssm_dtype_flag or config_dtype or "float32"
-    try:
-        shape = model.linear_attn.state_shape(tp)
-    except PoolError as e:
-        raise SizingError(f"--tp {tp}: {e} (SGLang's divide() asserts)") from None
-    return MambaCacheParams(shape=shape, layers=model.linear_layer_ids, conv_dtype=MAMBA_CONV_DTYPE,
-                            ssm_dtype=ssm_dtype)
-
-
-def split_mamba_budget(rest_gib: float, per_slot_bytes: int, mamba_full_memory_ratio: float) -> tuple[int, float]:
-    """The default branch of _handle_max_mamba_cache (kv_cache_configurator.py:3366-3409), no spec decoding.
-
-    Returns (max_mamba_cache_size, rest_gib left for KV). Float GiB arithmetic in SGLang's order.
-    """
-    r = mamba_full_memory_ratio
-    mamba_budget = rest_gib * r / (1 + r)  # GiB: r/(1+r) of rest goes to state
-    mamba_budget_bytes = mamba_budget * (1 << 30)  # B
-    # slots: floor(budget / slot) - 1, the padding slot paid for
-    max_mamba_cache_size = int((mamba_budget_bytes - per_slot_bytes) // per_slot_bytes)
-    return max_mamba_cache_size, rest_gib - _mamba_state_gib(max_mamba_cache_size, per_slot_bytes)
-
-
-def _mamba_state_gib(max_mamba_cache_size: int, per_slot_bytes: int) -> float:
-    return (max_mamba_cache_size + 1) * per_slot_bytes / (1 << 30)  # GiB, slot 0 included
 
 
 def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requests: int | None,
@@ -609,19 +389,16 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
     warnings = []
-    try:
-        conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
-                                 swa_full_tokens_ratio=args.swa_full_tokens_ratio)
-        cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
-        sizes = conf.calculate_pool_sizes(available_bytes)
-        profiled = sizes.max_total_num_tokens  # tokens, page-floored
-        if args.max_total_tokens is not None:
-            if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
-                warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
-                                f"{profiled}. Use the profiled value instead.")
-            sizes = conf.from_max_tokens(min(profiled, args.max_total_tokens))
-    except PoolSizingError as e:
-        raise SizingError(str(e)) from None
+    conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                             swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+    cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
+    sizes = conf.calculate_pool_sizes(available_bytes)
+    profiled = sizes.max_total_num_tokens  # tokens, page-floored
+    if args.max_total_tokens is not None:
+        if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
+            warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
+                            f"{profiled}. Use the profiled value instead.")
+        sizes = conf.from_max_tokens(min(profiled, args.max_total_tokens))
     max_total_num_tokens = sizes.max_total_num_tokens
     if max_total_num_tokens <= 0:
         raise SizingError(f"max_total_num_tokens {max_total_num_tokens}: {rest:.2f} GiB holds no page of "
@@ -721,17 +498,6 @@ def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
                           f"{model.derived_context_len} (SGLang refuses without "
                           "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
     return args.context_length
-
-
-def _validate_mamba_strategy(strategy: str, page_size: int, disable_overlap: bool, args: ServerArgs) -> None:
-    """validate_mamba_no_buffer / validate_mamba_extra_buffer (arg_groups/mamba_hook.py:115-175)."""
-    if strategy == "no_buffer":
-        if page_size != 1:
-            raise SizingError(f"--mamba-radix-cache-strategy no_buffer needs page_size 1, got {page_size}")
-        if not disable_overlap:
-            raise SizingError("--mamba-radix-cache-strategy no_buffer needs --disable-overlap-schedule")
-    if strategy in ("extra_buffer", "extra_buffer_lazy") and args.mamba_track_interval % page_size:
-        raise SizingError(f"--page-size {page_size} does not divide mamba_track_interval {args.mamba_track_interval}")
 
 
 # ---- capacity at a context length ----------------------------------------------------------------
