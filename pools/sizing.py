@@ -7,9 +7,11 @@ The path mirrors ``KVCacheConfigurator._resolve_memory_pool_config``
    all in SGLang's "GB", which is GiB (``get_available_gpu_memory`` returns ``bytes / (1 << 30)``,
    ``srt/utils/common.py:575``); for hybrid models ``_handle_max_mamba_cache`` (``:3229``) takes the mamba
    pool out of ``rest`` first.
-2. ``DefaultPoolConfigurator.calculate_pool_sizes`` (``model_executor/pool_configurator.py:637``):
-   ``tokens = bytes // cell_size``, floored to a page multiple; ``_apply_token_constraints`` (``:3090``)
-   caps it by ``--max-total-tokens``.
+2. The pool kind's configurator (``pools/pool_configurator.py``, ``model_executor/pool_configurator.py``):
+   ``tokens = bytes // cell_size``, floored to a page multiple (hybrid SWA: split into a full and an SWA
+   pool); ``_apply_token_constraints`` (``:3090``) caps it by ``--max-total-tokens``. The defaults SGLang
+   resolves first (backend, page size, KV dtype, mem_fraction_static) are ``pools/server_defaults.py``;
+   the mamba state term is ``pools/mamba_sizing.py``.
 3. ``resolve_max_num_reqs`` (``:3119``): request rows, capped by the mamba slots.
 4. The ``req_to_token`` table is allocated afterwards (``_build_req_to_token_pool``, ``:1571``), outside
    the budget, from what ``(1 - mem_fraction_static)`` left free.
@@ -34,11 +36,11 @@ from pools.errors import PoolError, SizingError
 from pools.gpu_catalog import GIB, GPUSpec
 from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool, SWAKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool
-from pools.model_config import ModelConfig
 from pools.mamba_sizing import (  # noqa: F401 (re-exported: the sizing API)
     MAMBA_STRATEGIES, _mamba_state_gib, _validate_mamba_strategy, mamba_cache_params, mamba_ratio,
     resolve_mamba_strategy, split_mamba_budget,
 )
+from pools.model_config import ModelConfig
 from pools.pool_configurator import pool_configurator
 from pools.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
     default_chunked_prefill_size, default_mem_fraction_static, default_runtime_overhead_gib, kv_heads_per_rank,
