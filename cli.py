@@ -53,6 +53,8 @@ SERVER_OPTIONS = {
     "mamba_ssm_dtype": (Optional[str], typer.Option(None, "--mamba-ssm-dtype", help="float32|bfloat16|float16")),
     "mamba_full_memory_ratio": (float, typer.Option(0.9, "--mamba-full-memory-ratio")),
     "mamba_radix_cache_strategy": (str, typer.Option("auto", "--mamba-radix-cache-strategy")),
+    "swa_full_tokens_ratio": (float, typer.Option(0.8, "--swa-full-tokens-ratio",
+                                                  help="Hybrid-SWA models: SWA pool tokens per full pool token.")),
     "attention_backend": (Optional[str], typer.Option(None, "--attention-backend")),
     "disable_radix_cache": (bool, typer.Option(False, "--disable-radix-cache")),
     "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule")),
@@ -128,12 +130,13 @@ def _compare(model, gpu, args, against, against_tp, overhead, lengths):
     from pools.sizing import compare_records, crossover_context_len, plan_memory
 
     plans = {}
-    if model.is_hybrid:
+    if model.is_hybrid or model.is_hybrid_swa:
         plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         full = model.with_full_attention()
         plans[full.name] = plan_memory(full, gpu, args, runtime_overhead_gib=overhead)
     elif against is None:
-        raise ValueError(f"--compare: {model.name} has no linear-attention layers; name a second model with --against")
+        raise ValueError(f"--compare: {model.name} has no linear-attention or SWA-pool layers; "
+                         "name a second model with --against")
     else:
         plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
     if against is not None:
@@ -420,13 +423,16 @@ def models() -> None:
     """The bundled model catalog."""
     from pools.model_config import ModelConfig
 
-    typer.echo(f"{'name':<26} {'architecture':<24} {'layers (attn/linear)':>20} {'params':>9} {'active':>8} "
+    typer.echo(f"{'name':<26} {'architecture':<34} {'layers (attn/other)':>24} {'params':>9} {'active':>8} "
                f"{'context':>9}  weights")
     for name in ModelConfig.catalog_names():
         m = ModelConfig.load(name)
-        layers = f"{len(m.layers)} ({len(m.full_attention_layer_ids)} {m.attention_arch}/" \
-                 f"{len(m.linear_layer_ids)} {m.linear_attn.kind if m.linear_attn else '-'})"
-        typer.echo(f"{name:<26} {m.architecture:<24} {layers:>20} {m.param_count() / 1e9:>8.1f}B "
+        attn = len(m.full_attention_layer_ids) - len(m.swa_layer_ids)
+        other = (f"{len(m.swa_layer_ids)} swa" if m.swa_layer_ids else
+                 f"{len(m.linear_layer_ids)} {m.linear_attn.kind if m.linear_attn else '-'}")
+        kind = "dsa" if m.dsa else m.attention_arch
+        layers = f"{len(m.layers)} ({attn} {kind}/{other})"
+        typer.echo(f"{name:<26} {m.architecture:<34} {layers:>24} {m.param_count() / 1e9:>8.1f}B "
                    f"{m.active_param_count() / 1e9:>7.1f}B {m.derived_context_len:>9,}  {m.weight_dtype}")
 
 

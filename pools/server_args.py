@@ -34,6 +34,8 @@ class ServerArgs:
     mamba_full_memory_ratio: float = 0.9
     mamba_radix_cache_strategy: str = "auto"  # auto | no_buffer | extra_buffer
     mamba_track_interval: int = 256
+    # hybrid sliding-window models
+    swa_full_tokens_ratio: float = 0.8  # SWA pool tokens per full pool token
 
     def replace(self, **changes) -> "ServerArgs":
         known = {f.name for f in fields(self)}

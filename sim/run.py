@@ -127,6 +127,10 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    if plan.is_hybrid_swa:  # never simulate it on one pool: admission and release differ slot for slot
+        raise ValueError(f"--model {model.name}: run does not simulate hybrid-SWA models yet (SGLang's "
+                         "SWATokenToKVPoolAllocator, window release and SWA radix component are not modelled); "
+                         "`poolsim plan` sizes both pools")
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
     recorder = Recorder()
