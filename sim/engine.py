@@ -137,7 +137,7 @@ class Simulation:
 
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):
-            sched.abort(req)  # can never be scheduled
+            sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
     def _record(self, state: ReplicaState, launched) -> None:

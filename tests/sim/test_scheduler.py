@@ -95,14 +95,47 @@ def test_full_prefix_hit_costs_one_token():
     assert sched.allocator.available_size() == 64 - 12
 
 
-def test_request_that_can_never_fit_is_aborted():
-    """max_req_len = min(context 64 - 1, pool 40 - 1) = 39; inputs of 39 - 5 = 34 tokens or more are refused."""
-    trace = [TraceReq(0, 0.0, prompt(1, 34), 4), TraceReq(1, 0.0, prompt(100, 33), 4)]
-    steps, reqs, _ = run_sim(trace, cfg(40))
-    assert reqs["aborted"].tolist() == [True, False]
-    assert reqs["finished_reason"].tolist() == ["abort", "length"]
-    # max_new is clipped to the empty-pool bound: 40 - 33 - 1 - 1 = 5 >= 4, and to 39 - 33 - 1 = 5
-    assert reqs["max_new_tokens"].tolist()[1] == 4
+@pytest.mark.parametrize("overlap", [False, True])
+def test_too_long_prompt_is_prefilled_as_one_token_then_aborted(overlap):
+    """Pool 40, context 64: max_req_len = min(63, 39) = 39, max_req_input_len = 39 - 5 = 34.
+
+    A (38 tokens >= 34) is not dropped at intake (``_handle_generate_request``): max_new_tokens is clipped
+    with its real length, min(4, 39 - 38 - 1) = 0, then ``set_finish_with_abort`` makes its prompt [0].
+    Step 0 admits A first (fcfs): extend 1 + max_new 0 + page 1 = 2 < 40; offset 2. B (33 tokens, max_new
+    min(4, 39 - 33 - 1, 40 - 33 - 1 - 1) = 4) needs 33 + 4 + 1 = 38 < 40 - 2 = 38: no -> NO_TOKEN. Step 0
+    is a 1-token prefill of A alone; its result makes A an abort (output_len 1) and publishes its one KV
+    token into the tree (evictable 1, available 39). B is admitted at step 1 (38 < 39 + 1) and decodes in
+    steps 2-4. Overlap: step 1 is planned before A's result lands; A finishes by length in flight
+    (0 + 1 >= 0), so it is skipped, nothing runs, the result lands, and B is admitted as step 1 as well."""
+    trace = [TraceReq(0, 0.0, prompt(1, 38), 4), TraceReq(1, 0.0, prompt(100, 33), 4)]
+    steps, reqs, sched = run_sim(trace, cfg(40, overlap))
+    assert steps["kind"].tolist() == ["extend", "extend", "decode", "decode", "decode"]
+    assert steps["prefill_tokens"].tolist() == [1, 33, 0, 0, 0]
+    # the abort is counted in the first row written after step 0's result lands: step 0's own row on the
+    # plain loop, step 1's under overlap (rows are written after the previous step's result there)
+    assert steps["aborted"].tolist() == ([0, 1, 0, 0, 0] if overlap else [1, 0, 0, 0, 0])
+    a, b = reqs.iloc[0], reqs.iloc[1]
+    assert (a["input_len"], a["max_new_tokens"], a["output_len"]) == (38, 0, 1)
+    assert (a["finished_reason"], a["abort_cause"], a["admission_steps"], a["finish_step"]) == \
+        ("abort", "input_too_long", "0", 0)
+    assert (b["finished_reason"], b["admission_steps"], b["finish_step"], b["max_new_tokens"]) == ("length", "1", 4, 4)
+    if not overlap:  # plain loop: the row of step 0 is written after A's result was processed
+        assert (steps["available_size"].iloc[0], steps["evictable_size"].iloc[0]) == (39, 1)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_too_long_prompt_with_output_room_rides_a_decode_step_under_overlap(overlap):
+    """C: 35 tokens >= 34, max_new_tokens min(4, 39 - 35 - 1, 40 - 35 - 1 - 1) = 3. Plain loop: one
+    1-token prefill, then the abort. Overlap: step 1 is planned before the prefill's result lands and C
+    does not finish by length in flight (0 + 1 < 3), so it decodes once more (one slot) before the abort
+    lands, like an EOS finish; that slot was committed, so 2 tokens are cached instead of 1."""
+    trace = [TraceReq(0, 0.0, prompt(1, 35), 4)]
+    steps, reqs, sched = run_sim(trace, cfg(40, overlap))
+    assert steps["kind"].tolist() == (["extend", "decode"] if overlap else ["extend"])
+    assert (reqs["max_new_tokens"].iloc[0], reqs["output_len"].iloc[0]) == (3, 1)
+    assert reqs["finished_reason"].tolist() == ["abort"]
+    assert sched.tree_cache.evictable_size() == (2 if overlap else 1)
+    assert sched.allocator.available_size() == 40 - sched.tree_cache.evictable_size()
 
 
 def test_max_new_tokens_is_clipped_to_memory():
