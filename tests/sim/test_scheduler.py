@@ -138,6 +138,50 @@ def test_too_long_prompt_with_output_room_rides_a_decode_step_under_overlap(over
     assert sched.allocator.available_size() == 40 - sched.tree_cache.evictable_size()
 
 
+def test_ignore_eos_without_radix_cache_admits_by_simulating_finishes():
+    """``add_one_req_ignore_eos``: pool 40, A (10 tokens, 20 outputs) prefills at step 0; B (10 tokens,
+    5 outputs) arrives during it. Both ignore_eos, so the running A reserves its whole remainder (ratio 1).
+
+    Step 1, radix cache disabled: avail 30 (A holds its 10 prompt slots), rem_total = 30 - (20 - 1) = 11.
+    B's gate: paged input 10 + page 1 = 11 <= min(cur_rem 30, rem_total 11). Replay, shortest remaining
+    first: states [(B: 5 left, 10 held), (A: 19 left, 11 held)], cur_rem = 30 - 11 = 19;
+    i=0, bs=2: 19 - 5 x 2 = 9 > 1 x 2; i=1, bs=1: 19 + 10 (B freed) - 19 = 10 > 1 -> admitted.
+    B prefills at step 1 and decodes with A in steps 2-5 (peak 14 + 14 slots), finishing at step 5;
+    A finishes at step 20. The normal reservation (radix cache on) needs 10 + 5 + 1 = 16 < 11: NO_TOKEN,
+    batch_is_full until A leaves after step 19, so B is admitted at step 20 and finishes at step 24."""
+    trace = [TraceReq(0, 0.0, prompt(1, 10), 20), TraceReq(1, 0.005, prompt(100, 10), 5)]
+    steps, reqs, _ = run_sim(trace, cfg(40), disable_radix_cache=True, ignore_eos=True)
+    assert steps["kind"].tolist() == ["extend", "extend"] + ["decode"] * 19
+    assert reqs["admission_steps"].tolist() == ["0", "1"]
+    assert reqs["finish_step"].tolist() == [20, 5]
+    assert steps["batch_size"].tolist()[2:6] == [2, 2, 2, 2]
+    assert steps["retracted"].sum() == 0
+    normal, nreqs, _ = run_sim(trace, cfg(40), ignore_eos=True)
+    assert nreqs["admission_steps"].tolist() == ["0", "20"]
+    assert nreqs["finish_step"].tolist() == [19, 24]
+
+
+def test_ignore_eos_insertion_follows_sglangs_loop():
+    """A later candidate is inserted before the first state it does not exceed; SGLang's loop variable stays
+    on the last index when none is larger, so the largest goes before the last entry, not after it."""
+    from types import SimpleNamespace
+
+    from sim.prefill_adder import PrefillAdder
+
+    adder = PrefillAdder.__new__(PrefillAdder)
+    adder.new_token_ratio = 0.5
+    adder.req_states = [(5, 1), (9, 1)]
+    req = lambda left: SimpleNamespace(ignore_eos=True, max_new_tokens=left, num_output=0, origin_input_len=1)  # noqa: E731
+    adder._add_req_state(req(7), insert_sort=True)
+    assert [s[0] for s in adder.req_states] == [5, 7, 9]
+    adder._add_req_state(req(12), insert_sort=True)
+    assert [s[0] for s in adder.req_states] == [5, 7, 12, 9]
+    # not ignore_eos: max_new_tokens x new_token_ratio - outputs; nothing left: no state
+    adder._add_req_state(SimpleNamespace(ignore_eos=False, max_new_tokens=8, num_output=4, origin_input_len=1),
+                         insert_sort=True)
+    assert [s[0] for s in adder.req_states] == [5, 7, 12, 9]
+
+
 def test_max_new_tokens_is_clipped_to_memory():
     # 30-token prompt in a 40-token pool: min(requested 20, 39 - 30 - 1 = 8, 40 - 30 - 1 - 1 = 8) = 8
     trace = [TraceReq(0, 0.0, prompt(1, 30), 20)]
