@@ -265,7 +265,7 @@ class Scheduler:
             if batch.is_extend():
                 self._process_prefill_result(batch, end_time, step)
             else:
-                self._process_decode_reqs(batch.reqs, end_time, step)
+                self._process_decode_reqs(batch.reqs, end_time, step, batch.mamba_tracks)
         finally:
             self.allocator.free_group_end()
 
@@ -274,7 +274,7 @@ class Scheduler:
         for req in batch.reqs:
             if id(req) in decoding:
                 if not (self.config.enable_overlap and (req.finished() or req.is_retracted)):
-                    self._process_decode_reqs([req], end_time, step)
+                    self._process_decode_reqs([req], end_time, step, batch.mamba_tracks)
                 continue
             if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
                 continue
@@ -289,12 +289,14 @@ class Scheduler:
             else:
                 req.inflight_middle_chunks -= 1
 
-    def _process_decode_reqs(self, reqs, end_time: float, step: int) -> None:
+    def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
         for req in reqs:
             if overlap and (req.finished() or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
+            if mamba_tracks and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
+                self.tree_cache.commit_decode_track(req, mamba_tracks[id(req)])
             if req.finished():
                 self._finish(req, end_time, step)
 

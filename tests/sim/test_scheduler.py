@@ -210,3 +210,30 @@ def test_determinism_same_csv_bytes():
     b = run_sim(trace, cfg(60, overlap=True))
     assert a[0].to_csv(index=False) == b[0].to_csv(index=False)
     assert a[1].to_csv(index=False) == b[1].to_csv(index=False)
+
+
+def test_extra_buffer_decode_checkpoint_counts_when_its_result_lands():
+    """extra_buffer, overlap, page 1, chunk and track grid 64. A: 127-token prompt, 10 outputs.
+
+    Step 0 prefills 127 tokens: the prefill checkpoint is at 127 // 64 x 64 = 64. Step 1 is planned before
+    step 0's result lands; its decode makes the sequence 128, on the track grid, so the forward writes a state
+    for 128, but SGLang counts that checkpoint only when step 1's result is processed
+    (``_handle_finish_state_updated_req``). Step 0's result lands first and checkpoints A's prompt with the
+    newest counted state, 64: the tree holds 64 tokens locked by A (protected 64 in the rows of steps 1-9,
+    written after each previous step's result). A finishes at step 9 (1 + 9 outputs) with 136 tokens and
+    donates its 128 state: nodes [0, 64) and [64, 128), each with a state. B (arriving at 1 s: A's prompt
+    plus one token) matches 127 tokens, splitting the second node at 127, where there is no state: it
+    reuses 64 tokens. Recording the decode's checkpoint at allocation instead gave 128 locked tokens and a
+    single stateful node at 128, so B reused nothing."""
+    from pools import MambaCacheParams, MambaStateShape
+    from sim.server import MambaConfig
+
+    params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
+    mamba = MambaConfig(max_mamba_cache_size=8, cache_params=params, strategy="extra_buffer",
+                        ping_pong_track_buffer_size=2, mamba_track_interval=64)
+    a_prompt = prompt(1, 127)
+    trace = [TraceReq(0, 0.0, a_prompt, 10), TraceReq(1, 1.0, a_prompt + [7], 3)]
+    steps, reqs, _ = run_sim(trace, cfg(1024, overlap=True, chunk=None, rows=2, ctx=2048), mamba=mamba)
+    assert steps["protected_size"].tolist()[:10] == [0] + [64] * 9
+    assert reqs["finish_step"].tolist()[0] == 9
+    assert reqs["cached_tokens"].tolist() == ["0", "64"]
