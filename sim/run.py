@@ -22,7 +22,7 @@ from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
 from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
-from sim.summary import summarize
+from sim.summary import SLO_METRICS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
 
@@ -117,7 +117,12 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None) -> RunResult:
+             progress: Callable | None = None, slo_p99_s: float | None = None, slo_on: str = "e2e") -> RunResult:
+    """``slo_p99_s``/``slo_on``: a p99 latency target (e2e or ttft) the verdict checks (sim/summary.py)."""
+    if slo_on not in SLO_METRICS:
+        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
+    if slo_p99_s is not None and not slo_p99_s > 0:
+        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
@@ -132,7 +137,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
             "context_len": config.max_context_len, "dp_size": args.dp_size,
-            "retraction_events": [e for s in servers for e in s.retraction_events]}
+            "retraction_events": [e for s in servers for e in s.retraction_events],
+            "slo_p99_s": slo_p99_s, "slo_on": slo_on}
     summary = summarize(steps, requests, meta)
     run = {
         "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
