@@ -10,6 +10,7 @@ STEP_COLUMNS = (
     "prefill_tokens", "cached_prefill_tokens", "decode_tokens", "available_size", "evictable_size",
     "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted", "aborted",
     "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
+    "waiting_scheduled", "running_scheduled", "available_size_scheduled",
 )
 
 REQUEST_COLUMNS = (

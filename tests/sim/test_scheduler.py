@@ -237,3 +237,15 @@ def test_extra_buffer_decode_checkpoint_counts_when_its_result_lands():
     assert steps["protected_size"].tolist()[:10] == [0] + [64] * 9
     assert reqs["finish_step"].tolist()[0] == 9
     assert reqs["cached_tokens"].tolist() == ["0", "64"]
+
+
+def test_step_rows_are_written_after_the_result_and_keep_the_after_scheduling_values():
+    """Plain loop, pool 16. A (6 tokens, 4 outputs): prefill at step 0, decodes 1-3, each taking one slot.
+    B (2 tokens) arrives at 0.035 s, during step 3. Step 3 is scheduled with A running, nobody waiting and
+    16 - 6 - 3 = 7 free slots; its row is written after its result: A finished (row freed, its 9 KV tokens
+    now evictable in the tree, still not free) and B queued during the forward."""
+    trace = [TraceReq(0, 0.0, prompt(1, 6), 4), TraceReq(1, 0.035, prompt(100, 2), 1)]
+    steps, _, _ = run_sim(trace, cfg(16))
+    row = steps.iloc[3]
+    assert (row["running_scheduled"], row["waiting_scheduled"], row["available_size_scheduled"]) == (1, 0, 7)
+    assert (row["running"], row["waiting"], row["available_size"], row["evictable_size"]) == (0, 1, 7, 9)
