@@ -14,9 +14,9 @@ MAX_QUEUE_WAIT_SHARE = 0.5
 MAX_BACKLOG_FRAC = 0.5
 ABORT_CAUSES = ("input_too_long", "decode_out_of_memory", "never_schedulable")
 ABORT_CAUSE_WORDS = {
-    "input_too_long": "prompt at or over max_req_input_len (context length / KV pool - 6 tokens)",
-    "decode_out_of_memory": "a lone running request could not get a KV slot for its next token",
-    "never_schedulable": "never admitted: it cannot fit the empty server",
+    "input_too_long": "with a prompt too long: at least max_req_input_len = min(context length, KV pool) - 6 tokens",
+    "decode_out_of_memory": "with no KV slot for the next token even when running alone",
+    "never_schedulable": "never admitted: too large for the empty server",
 }
 SLO_METRICS = ("e2e", "ttft")
 
