@@ -261,7 +261,8 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
              f"{ms(summary['queue_wait_s']['p50'])} ({'-' if share is None else f'{share:.0%}'})"),
             ("unfinished at the last arrival", f"{summary['backlog_at_last_arrival']:,} of {summary['requests']:,} "
                                                f"({summary['backlog_frac_at_last_arrival']:.0%})"),
-            ("arriving / served", f"{'-' if rate is None else f'{rate:,.2f}'} / {summary['throughput_req_s']:,.2f} req/s"),
+            ("arriving / served",
+             f"{'-' if rate is None else f'{rate:,.2f}'} / {summary['throughput_req_s']:,.2f} req/s"),
         ]
         if summary["aborted"]:
             rows.append(("aborted by cause", ", ".join(f"{k.replace('_', ' ')} {v:,}"

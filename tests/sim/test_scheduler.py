@@ -171,7 +171,8 @@ def test_ignore_eos_insertion_follows_sglangs_loop():
     adder = PrefillAdder.__new__(PrefillAdder)
     adder.new_token_ratio = 0.5
     adder.req_states = [(5, 1), (9, 1)]
-    req = lambda left: SimpleNamespace(ignore_eos=True, max_new_tokens=left, num_output=0, origin_input_len=1)  # noqa: E731
+    def req(left):
+        return SimpleNamespace(ignore_eos=True, max_new_tokens=left, num_output=0, origin_input_len=1)
     adder._add_req_state(req(7), insert_sort=True)
     assert [s[0] for s in adder.req_states] == [5, 7, 9]
     adder._add_req_state(req(12), insert_sort=True)
