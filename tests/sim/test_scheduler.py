@@ -161,6 +161,19 @@ def test_ignore_eos_without_radix_cache_admits_by_simulating_finishes():
     assert nreqs["finish_step"].tolist() == [19, 24]
 
 
+def test_ignore_eos_chunk_is_the_whole_chunk_budget_unaligned():
+    """Page 4, chunked_prefill_size 10, radix cache disabled, ignore_eos; A: 25 tokens, 3 outputs. The gate:
+    ceil_page(25) + 4 = 32 <= 128; replay: 128 - 32 - 3 > 1. 25 > 10, so A is chunked, and this path cuts at
+    the chunk budget itself, 10, not at a page boundary (the normal path would cut at 8). The continuing
+    chunks take min(10, rem_total) = 10, then the last 5; two decodes follow."""
+    trace = [TraceReq(0, 0.0, prompt(1, 25), 3)]
+    steps, reqs, _ = run_sim(trace, cfg(128, chunk=10, page=4), disable_radix_cache=True, ignore_eos=True)
+    assert steps["prefill_tokens"].tolist() == [10, 10, 5, 0, 0]
+    assert reqs["output_len"].tolist() == [3]
+    normal, _, _ = run_sim(trace, cfg(128, chunk=10, page=4), disable_radix_cache=True)
+    assert normal["prefill_tokens"].tolist()[0] == 8
+
+
 def test_ignore_eos_insertion_follows_sglangs_loop():
     """A later candidate is inserted before the first state it does not exceed; SGLang's loop variable stays
     on the last index when none is larger, so the largest goes before the last entry, not after it."""
