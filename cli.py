@@ -255,6 +255,24 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("end-to-end p50 / p90 / p99", " / ".join(ms(summary["e2e_s"][k]) for k in ("p50", "p90", "p99"))),
         ("prefix-cache hit rate", f"{summary['cache_hit_rate']:.1%} of prefill tokens"),
     ]
+    if "verdict_status" in summary:  # the numbers the verdict is decided on (reports/METRICS.md, "The verdict")
+        share, rate = summary["queue_wait_share_p50"], summary["arrival_rate_req_s"]
+        rows += [
+            ("verdict", summary["verdict_status"].replace("_", " ")
+             + (f" ({summary['verdict_failures'].replace(' ', ', ')})" if summary["verdict_failures"] else "")),
+            ("admission wait p50 (share of latency)",
+             f"{ms(summary['queue_wait_s']['p50'])} ({'-' if share is None else f'{share:.0%}'})"),
+            ("unfinished at the last arrival", f"{summary['backlog_at_last_arrival']:,} of {summary['requests']:,} "
+                                               f"({summary['backlog_frac_at_last_arrival']:.0%})"),
+            ("arriving / served",
+             f"{'-' if rate is None else f'{rate:,.2f}'} / {summary['throughput_req_s']:,.2f} req/s"),
+        ]
+        if summary["aborted"]:
+            rows.append(("aborted by cause", ", ".join(f"{k.replace('_', ' ')} {v:,}"
+                                                       for k, v in summary["abort_causes"].items() if v)))
+        if summary.get("slo_p99_s") is not None:
+            rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
+                                                         f"(target {ms(summary['slo_p99_s'])})"))
     for name, label in (("kv", "KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
             p = pools[name]
@@ -304,13 +322,16 @@ def run(
     check: bool = typer.Option(False, "--check", help="Debug: check every pool's invariants at every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or both) as one JSON object."),
+    slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s); the verdict checks it."),
+    slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from pools.errors import PoolError
     from sim.output import write_run
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
-                calibration=str(calibration) if calibration else None, check=check)
+                calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
+                slo_on=slo_on)
     try:
         loaded = _load_trace(trace, fmt, skip_bad_lines)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,

@@ -173,6 +173,9 @@ class Simulation:
             batch = sched.get_next_batch_to_run()
             launched = None
             if batch is not None:
+                pool = sched.req_to_token_pool  # the step's after-scheduling values, before any result lands
+                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(),
+                             sched.allocator.available_size())
                 start = max(env.now, state.gpu_free_at)
                 state.gpu_free_at = start + self.step_time(batch)
                 launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
@@ -191,7 +194,7 @@ class Simulation:
                     self._stamp_tokens(landed.batch, landed.end)
             sched.last_batch = batch
             if launched is not None:
-                self._record(state, launched)
+                self._record(state, launched, scheduled)
                 state.step += 1
             if self.check_every_step:
                 self._check(sched, [r for r in self._all_reqs if r.replica == sched.replica])
@@ -215,10 +218,12 @@ class Simulation:
 
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):
-            sched.abort(req)  # can never be scheduled
+            sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
-    def _record(self, state: ReplicaState, launched) -> None:
+    def _record(self, state: ReplicaState, launched, scheduled: tuple) -> None:
+        """Written after the landed result was processed: this step's own on the plain loop, the previous
+        step's under overlap (reports/METRICS.md); ``scheduled``: waiting, running, available before that."""
         sched = state.scheduler
         batch, start, end, step = launched
         tree = sched.tree_cache
@@ -235,6 +240,7 @@ class Simulation:
             mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
+            *scheduled,
         ))
         sched.step_retracted = 0
         sched.step_aborted = []

@@ -22,7 +22,7 @@ from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
 from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
-from sim.summary import summarize
+from sim.summary import SLO_METRICS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
 
@@ -119,13 +119,18 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
              progress: Callable | None = None, max_concurrency: int | None = None,
-             token_times: bool = False) -> RunResult:
+             token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e") -> RunResult:
     """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
     ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
     ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
-    also return when each output token landed (per-token ITL)."""
+    also return when each output token landed (per-token ITL). ``slo_p99_s``/``slo_on``: a p99 latency target
+    (e2e or ttft) the verdict checks (sim/summary.py)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    if slo_on not in SLO_METRICS:
+        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
+    if slo_p99_s is not None and not slo_p99_s > 0:
+        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     if plan.is_hybrid_swa:  # never simulate it on one pool: admission and release differ slot for slot
         raise ValueError(f"--model {model.name}: run does not simulate hybrid-SWA models yet (SGLang's "
@@ -145,7 +150,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
             "context_len": config.max_context_len, "dp_size": args.dp_size,
-            "retraction_events": [e for s in servers for e in s.retraction_events]}
+            "retraction_events": [e for s in servers for e in s.retraction_events],
+            "slo_p99_s": slo_p99_s, "slo_on": slo_on}
     summary = summarize(steps, requests, meta)
     run = {
         "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
