@@ -17,6 +17,7 @@ from pools.gpu_catalog import GPUSpec
 from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
+from sim import ROUTERS
 from sim.engine import Simulation
 from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
@@ -113,11 +114,17 @@ def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Mem
             "crossover_context_len": crossover_context_len(model, args)}
 
 
+def check_router(router: str) -> None:
+    if router not in ROUTERS:
+        raise ValueError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+
+
 def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
              progress: Callable | None = None) -> RunResult:
+    check_router(router)
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
