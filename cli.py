@@ -203,16 +203,16 @@ def plan(
     against: Optional[str] = typer.Option(None, "--against", help="A second model for --compare."),
     against_tp: Optional[int] = typer.Option(None, "--against-tp"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the --compare plot (PNG) here."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file poolsim did not write."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """How many KV tokens, request rows and state slots SGLang 0.5.23 allocates, and what fits."""
     from pools.sizing import compare_table, max_concurrency, plan_memory
-    from sim.output import check_out_file, write_file
+    from sim.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
 
     try:
         if plot is not None:
-            check_out_file(plot, force)
+            check_out_file(plot, force, png_by_poolsim)
         lengths = [int(x) for x in concurrency_at.split(",") if x.strip()]
         spec, card, args, runtime_overhead_gib = _server(server)
         tp = args.tp_size
@@ -231,7 +231,8 @@ def plan(
         fig = plot_plan_compare(comparison["records"], comparison.get("crossover_context_len"),
                                 title=f"{spec.name} on {card.name}, tp {tp}")
         try:
-            write_file(plot, lambda tmp: fig.savefig(tmp, format="png", dpi=120), force)
+            write_file(plot, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                     metadata={"Software": PNG_SOFTWARE}), force, png_by_poolsim)
         except (ValueError, OSError) as e:
             _fail(e)
     if as_json:
@@ -276,11 +277,12 @@ class RunProgress:
 
     EVERY_S = 10.0  # wall seconds between plain lines
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label = total, label
+    def __init__(self, total: int, label: str, show: bool = True, first=None):
+        self.total, self.label, self.first = total, label, first  # first(): once, when the first step is done
         self.started = self.last = time.monotonic()
-        self.bar = None
-        if sys.stderr.isatty():
+        self.bar = self.task = None
+        self.show = show
+        if show and sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
@@ -292,6 +294,11 @@ class RunProgress:
             self.task = self.bar.add_task("run", total=total, t=0.0)
 
     def __call__(self, done: int, t: float) -> None:
+        if self.first is not None:
+            self.first()
+            self.first = None
+        if not self.show:
+            return
         if self.bar is not None:
             self.bar.update(self.task, completed=done, t=t)
             return
@@ -330,13 +337,14 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
     from sim.run import simulate
 
     model, gpu, args, overhead = _server(server)
-    if announce:
+
+    def describe():  # once the server is built and stepping: every flag has passed SGLang's checks
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         _log_warnings(plan.warnings)
         typer.echo(_describe(model, gpu, args, plan, trace_info))
-    if quiet:
-        return simulate(trace, model, gpu, args, trace_info=trace_info, runtime_overhead_gib=overhead, **opts)
-    with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}") as progress:
+
+    with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}", show=not quiet,
+                     first=describe if announce else None) as progress:
         return simulate(trace, model, gpu, args, trace_info=trace_info, runtime_overhead_gib=overhead,
                         progress=progress, **opts)
 
@@ -563,7 +571,7 @@ app.add_typer(trace_app, name="trace")
 FORMAT_OPT = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)")
 SKIP_OPT = typer.Option(False, "--skip-bad-lines", help="skip malformed lines and report how many")
 JSON_OPT = typer.Option(False, "--json", help="machine-readable output")
-FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT if it exists")
+FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT even if it is not a poolsim-format trace")
 
 
 @contextmanager
@@ -589,7 +597,17 @@ def _check_out(out: Path, force: bool, source: Path | None = None) -> None:
 
     if source is not None and out.resolve() == source.resolve():
         raise ValueError(f"{out} is the input trace; write to another file")
-    check_out_file(out, force)
+    check_out_file(out, force, _poolsim_trace)
+
+
+def _poolsim_trace(path: Path) -> bool:
+    """An existing file poolsim may replace: a trace in poolsim's own format (what these commands write)."""
+    from traces import detect_format
+
+    try:
+        return detect_format(path) == "poolsim"
+    except (ValueError, OSError):
+        return False
 
 
 def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
@@ -598,7 +616,7 @@ def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
 
     _check_out(out, force, trace.source_path)
     written = []
-    write_file(out, lambda tmp: written.append(write_trace(trace, tmp)), force)
+    write_file(out, lambda tmp: written.append(write_trace(trace, tmp)), force, _poolsim_trace)
     n = written[0]
     info = {"path": str(out), "requests": n, "skipped_lines": trace.skipped_lines}
     if as_json:
@@ -733,16 +751,44 @@ def report(
     compare: list[str] = typer.Option([], "--compare", metavar="OTHER_DIR",
                                       help="Another run folder to compare with (repeatable)."),
     out: str | None = typer.Option(None, "--out", metavar="DIR", help="Where to write the page (default: DIR)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the page's path and the runs as one JSON object."),
 ) -> None:
     """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
     from reports.html import ReportError, render_comparison, render_report
+    from sim.output import publish_dir
+
+    def render(target):
+        return (render_comparison([run_dir, *compare], target) if compare else render_report(run_dir, target))
 
     try:
-        page = (render_comparison([run_dir, *compare], out or run_dir) if compare
-                else render_report(run_dir, out))
-    except ReportError as e:
+        target = _report_target(run_dir, compare, out)
+        if target is None:  # the page goes into a folder poolsim wrote, beside the runs it reads
+            page = render(out)
+        else:
+            with publish_dir(target) as tmp:
+                page = Path(target) / render(tmp).name
+    except (ReportError, ValueError, OSError) as e:
         _fail(e)
+    if as_json:
+        typer.echo(json.dumps({"page": str(page), "runs": [run_dir, *compare]}))
+        return
     typer.echo(str(page))
+
+
+def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
+    """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
+    poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
+    from sim.output import MARKER, RUN_FILES, check_out_dir
+
+    if out is None:
+        return None
+    target, inputs = Path(out).resolve(), [Path(d).resolve() for d in (run_dir, *compare)]
+    if target in inputs or ((target / MARKER).is_file() and any(target in d.parents for d in inputs)):
+        return None
+    if any((target / f).exists() for f in RUN_FILES):
+        raise ValueError(f"{out}: holds another run; name a new folder for the page")
+    check_out_dir(out)
+    return Path(out)
 
 
 if __name__ == "__main__":

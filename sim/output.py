@@ -178,20 +178,21 @@ def write_run(out_dir: str | Path, steps: pd.DataFrame, requests: pd.DataFrame, 
     return Path(out_dir)
 
 
-def check_out_file(path: str | Path, force: bool = False) -> None:
-    """Validate an output file before any work: an existing file is replaced only with ``force``."""
+def check_out_file(path: str | Path, force: bool = False, ours=None) -> None:
+    """Validate an output file before any work. An existing file is replaced only if ``ours(path)`` says poolsim
+    wrote it (e.g. a poolsim-format trace, a PNG tagged by poolsim), or with ``force``."""
     out = Path(path)
     if out.is_dir():
         raise OutputError(f"{path}: is a folder; name a file")
-    if out.exists() and not force:
-        raise OutputError(f"{path}: exists; poolsim does not overwrite a file without --force")
+    if out.exists() and not force and not (ours is not None and out.is_file() and ours(out)):
+        raise OutputError(f"{path}: exists and was not written by poolsim; add --force to overwrite it")
     _check_writable(out.parent, path)
 
 
-def write_file(path: str | Path, write, force: bool = False) -> Path:
+def write_file(path: str | Path, write, force: bool = False, ours=None) -> Path:
     """``write(tmp_path)`` to a hidden sibling, then rename it over ``path`` (checked as ``check_out_file``)."""
     out = Path(path)
-    check_out_file(out, force)
+    check_out_file(out, force, ours)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{out.name}-", suffix=".tmp", dir=out.parent)
     os.close(fd)
@@ -199,12 +200,20 @@ def write_file(path: str | Path, write, force: bool = False) -> Path:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
-        if not force and out.exists():  # appeared while we worked
-            raise OutputError(f"{path}: exists; poolsim does not overwrite a file without --force")
+        check_out_file(out, force, ours)  # again: a file may have appeared while we worked
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+PNG_SOFTWARE = "poolsim"  # the PNG "Software" text chunk poolsim writes into its figures
+
+
+def png_by_poolsim(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.startswith(b"\x89PNG") and b"Software\x00" + PNG_SOFTWARE.encode() in head
 
 
 def read_run(out_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
