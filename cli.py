@@ -397,7 +397,7 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
 def run(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file (any supported format); default: the bundled trace."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines, report how many."),
     seed: int = typer.Option(0, "--seed", help="Recorded with the run; the simulation itself is deterministic."),
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
@@ -468,8 +468,8 @@ def run(
 def sweep(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    grid: list[str] = typer.Option([], "--grid", help="A flag and its values, e.g. tp=1,2,4 or gpu=H100,H200 or "
-                                                      "mem_fraction_static=0.8,0.9 (repeat for more axes)."),
+    grid: list[str] = typer.Option([], "--grid", metavar="AXIS", help="A flag and its values, e.g. tp=1,2,4 or "
+                                   "gpu=H100,H200 or page_size=1,16 (repeat for more axes)."),
     gpu_cost: str = typer.Option("", "--gpu-cost", help="$/GPU-hour per GPU, e.g. H100=2.5,H200=3.5: adds cost."),
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
@@ -479,10 +479,13 @@ def sweep(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
+    from sim.output import check_out_dir, publish_dir
     from sim.sweep import cheapest_meeting, parse_grid, run_sweep
     from traces import DEFAULT_TRACE
 
     try:
+        if out is not None:
+            check_out_dir(out)  # before the (long) sweep
         if slo_on not in ("e2e", "ttft"):
             raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
         axes = parse_grid(grid)
@@ -517,12 +520,15 @@ def sweep(
     if out is not None:
         from reports.plots import plot_frontier
 
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "sweep.csv", index=False)
-        ok = table[table["error"] == ""] if "error" in table else table
-        if len(ok):  # the x axis is the latency the SLO bounds
-            shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
-            plot_frontier(shown, slo_s=slo_p99_s).savefig(out / "frontier.png", dpi=120)
+        try:
+            with publish_dir(out) as tmp:
+                table.to_csv(tmp / "sweep.csv", index=False)
+                ok = table[table["error"] == ""] if "error" in table else table
+                if len(ok):  # the x axis is the latency the SLO bounds
+                    shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
+                    plot_frontier(shown, slo_s=slo_p99_s).savefig(tmp / "frontier.png", dpi=120)
+        except (ValueError, OSError) as e:
+            _fail(e)
     if as_json:
         typer.echo(json.dumps({"configs": table.to_dict("records"),
                                "cheapest_meeting_slo": None if best is None else best["label"]},
@@ -539,10 +545,22 @@ def sweep(
 
 
 @app.command()
-def models() -> None:
+def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled model catalog."""
     from pools.model_config import ModelConfig
 
+    if as_json:
+        rows = []
+        for name in ModelConfig.catalog_names():
+            m = ModelConfig.load(name)
+            rows.append({"name": name, "architecture": m.architecture, "layers": len(m.layers),
+                         "attention_layers": len(m.full_attention_layer_ids), "attention_arch": m.attention_arch,
+                         "linear_layers": len(m.linear_layer_ids),
+                         "linear_attn": m.linear_attn.kind if m.linear_attn else None,
+                         "params": m.param_count(), "active_params": m.active_param_count(),
+                         "context_len": m.derived_context_len, "weight_dtype": m.weight_dtype})
+        typer.echo(json.dumps(rows, indent=2))
+        return
     typer.echo(f"{'name':<26} {'architecture':<24} {'layers (attn/linear)':>20} {'params':>9} {'active':>8} "
                f"{'context':>9}  weights")
     for name in ModelConfig.catalog_names():
@@ -554,10 +572,16 @@ def models() -> None:
 
 
 @app.command()
-def gpus() -> None:
+def gpus(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled GPU catalog (dense FLOP/s)."""
     from pools.gpu_catalog import GPU_CATALOG
 
+    if as_json:
+        typer.echo(json.dumps([{"key": key, "name": g.name, "memory_bytes": g.total_bytes,
+                                "hbm_bytes_per_s": g.hbm_bandwidth, "bf16_flops": g.bf16_flops,
+                                "fp8_flops": g.fp8_flops or None, "arch": g.arch}
+                               for key, g in GPU_CATALOG.items()], indent=2))
+        return
     typer.echo(f"{'name':<10} {'model':<16} {'memory':>11} {'HBM':>9} {'bf16':>11} {'fp8':>11}  arch")
     for key, g in GPU_CATALOG.items():
         fp8 = f"{g.fp8_flops / 1e12:,.0f} TF" if g.fp8_flops else "-"
@@ -712,14 +736,14 @@ def trace_generate(
     preset: str = typer.Option("chat", help="chat or agent: the defaults every other flag overrides"),
     seed: int = typer.Option(0),
     sessions: Optional[int] = typer.Option(None, help="number of sessions"),
-    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP[,PERIOD]"),
+    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP (optionally ,PERIOD)"),
     cv: Optional[float] = typer.Option(None, help="burstiness of session starts (1 = Poisson, >1 = gamma, burstier)"),
     turns: Optional[str] = typer.Option(None, help="requests per session (a length spec, e.g. uniform:1,6)"),
     think_time: Optional[float] = typer.Option(None, help="mean seconds between a session's turns"),
     system_prompt_len: Optional[int] = typer.Option(None, help="tokens of the shared system prompt / context"),
     system_prompt_fanout: Optional[int] = typer.Option(None, help="sessions sharing each system prompt"),
     input_len: Optional[str] = typer.Option(None, help="new user tokens per turn: fixed:N, uniform:LO,HI, "
-                                                        "lognormal:MEDIAN,SIGMA[,LO,HI], empirical:input,TRACE"),
+                                                        "lognormal:MED,SIGMA (optionally ,LO,HI), empirical:input,TRACE"),
     output_len: Optional[str] = typer.Option(None, help="output tokens per turn (same specs)"),
     max_new_tokens: Optional[int] = typer.Option(None, help="the client's limit; outputs are clipped to it"),
     ignore_eos: bool = typer.Option(False, help="every output runs to --max-new-tokens"),
