@@ -779,15 +779,17 @@ def report(
 ) -> None:
     """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
     from reports.html import ReportError, render_comparison, render_report
-    from sim.output import publish_dir
+    from sim.output import publish_dir, recording
 
     def render(target):
-        return (render_comparison([run_dir, *compare], target) if compare else render_report(run_dir, target))
+        return (render_comparison([run_dir, *compare], target or run_dir) if compare
+                else render_report(run_dir, target))
 
     try:
         target = _report_target(run_dir, compare, out)
         if target is None:  # the page goes into a folder poolsim wrote, beside the runs it reads
-            page = render(out)
+            with recording(out or run_dir):
+                page = render(out)
         else:
             with publish_dir(target) as tmp:
                 page = Path(target) / render(tmp).name

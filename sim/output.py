@@ -4,9 +4,10 @@
     DIR/requests.csv   one row per request (sim.metrics.REQUEST_COLUMNS + ttft_s, e2e_s, itl_s)
     DIR/summary.json   sim.summary.summarize(...)
     DIR/run.json       what was simulated: model, GPU, server flags, trace, seed, poolsim version
-    DIR/.poolsim-run   the marker: poolsim wrote this folder and may replace it
+    DIR/.poolsim-run   the marker: poolsim wrote this folder, and these files (one relative path a line)
 
-Never delete what poolsim did not write: an output folder must be new, empty, or hold the marker. It is filled
+Never delete what poolsim did not write: an output folder must be new, empty, or hold the marker and no file
+the marker does not list (a user's notes saved into a run folder stop it being replaced). It is filled
 as a hidden temporary sibling ``.DIR-xxxxxxxx`` and swapped in by two renames, under a lock
 (``.DIR.poolsim-lock``, fcntl) that a second run on the same folder cannot take. A killed run's temporary
 siblings (they hold the marker; nobody holds the lock) are removed by the next run on that folder.
@@ -28,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 MARKER = ".poolsim-run"
+MARKER_HEADER = "written by poolsim, which may replace this folder; the files it wrote:\n"
 RUN_FILES = ("steps.csv", "requests.csv", "summary.json", "run.json")
 
 
@@ -46,6 +48,10 @@ def check_out_dir(path: str | Path) -> str:
         raise OutputError(f"{path}: exists and is not a folder; name a new folder for the output")
     if out.is_dir():
         if (out / MARKER).is_file():
+            foreign = sorted(set(_files(out)) - set(_listed(out)))
+            if foreign:
+                raise OutputError(f"{path}: holds files poolsim did not write ({', '.join(foreign[:3])}"
+                                  f"{', ...' if len(foreign) > 3 else ''}); move them or name another folder")
             state = "previous run"
         elif any(out.iterdir()):
             raise OutputError(f"{path}: folder is not empty and was not written by poolsim (no {MARKER}); "
@@ -56,6 +62,40 @@ def check_out_dir(path: str | Path) -> str:
         state = "new"
     _check_writable(out.parent, path)
     return state
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (links included, not followed), as posix paths relative to it; not the marker."""
+    out = []
+    for root, dirs, names in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        out += [(rel / n).as_posix() for n in names + [d for d in dirs if Path(root, d).is_symlink()]]
+    return [f for f in out if f != MARKER]
+
+
+def _listed(folder: Path) -> list[str]:
+    return [line for line in (folder / MARKER).read_text().splitlines()[1:] if line]
+
+
+def record_files(folder: Path) -> None:
+    """List every file now in ``folder`` (and in each marked folder inside it) in its marker: poolsim wrote them
+    all, into a temporary folder nobody else knows of."""
+    for root, _, names in os.walk(folder):
+        if MARKER in names:
+            Path(root, MARKER).write_text(MARKER_HEADER + "".join(f"{f}\n" for f in sorted(_files(Path(root)))))
+
+
+@contextmanager
+def recording(folder: str | Path):
+    """Writing into a finished poolsim folder in place (``report`` re-rendering): list the files that appear."""
+    folder = Path(folder)
+    marked = (folder / MARKER).is_file()
+    before = set(_files(folder)) if marked else set()
+    yield
+    if marked:
+        new = sorted(set(_files(folder)) - before - set(_listed(folder)))
+        with open(folder / MARKER, "a") as f:
+            f.writelines(f"{n}\n" for n in new)
 
 
 def _check_writable(parent: Path, path) -> None:
@@ -138,8 +178,9 @@ def publish_dir(path: str | Path):
         remove_stale(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
         try:
-            (tmp / MARKER).write_text("written by poolsim; poolsim may replace this folder\n")  # first: marks it ours
+            (tmp / MARKER).write_text(MARKER_HEADER)  # first: marks the temporary folder ours
             yield tmp
+            record_files(tmp)
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a published folder gets the usual mode
             if out.exists():  # a previous run (marker) or an empty folder: both known to be ours to replace
                 aside = out.parent / f".{out.name}-{secrets.token_hex(4)}"
@@ -161,7 +202,7 @@ def _umask() -> int:
 
 def write_run_files(folder: Path, steps: pd.DataFrame, requests: pd.DataFrame, summary: dict, run: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text("written by poolsim; poolsim may replace this folder\n")
+    (folder / MARKER).write_text(MARKER_HEADER)
     steps.to_csv(folder / "steps.csv", index=False)
     requests.to_csv(folder / "requests.csv", index=False)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
