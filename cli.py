@@ -397,7 +397,8 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
 def run(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file (any supported format); default: the bundled trace."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)."),
+    fmt: Optional[str] = typer.Option(None, "--format",
+                                      help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines, report how many."),
     seed: int = typer.Option(0, "--seed", help="Recorded with the run; the simulation itself is deterministic."),
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
@@ -736,14 +737,16 @@ def trace_generate(
     preset: str = typer.Option("chat", help="chat or agent: the defaults every other flag overrides"),
     seed: int = typer.Option(0),
     sessions: Optional[int] = typer.Option(None, help="number of sessions"),
-    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP (optionally ,PERIOD)"),
+    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP "
+                                                  "(optionally ,PERIOD)"),
     cv: Optional[float] = typer.Option(None, help="burstiness of session starts (1 = Poisson, >1 = gamma, burstier)"),
     turns: Optional[str] = typer.Option(None, help="requests per session (a length spec, e.g. uniform:1,6)"),
     think_time: Optional[float] = typer.Option(None, help="mean seconds between a session's turns"),
     system_prompt_len: Optional[int] = typer.Option(None, help="tokens of the shared system prompt / context"),
     system_prompt_fanout: Optional[int] = typer.Option(None, help="sessions sharing each system prompt"),
     input_len: Optional[str] = typer.Option(None, help="new user tokens per turn: fixed:N, uniform:LO,HI, "
-                                                        "lognormal:MED,SIGMA (optionally ,LO,HI), empirical:input,TRACE"),
+                                                        "lognormal:MED,SIGMA (optionally ,LO,HI), "
+                                                        "empirical:input,TRACE"),
     output_len: Optional[str] = typer.Option(None, help="output tokens per turn (same specs)"),
     max_new_tokens: Optional[int] = typer.Option(None, help="the client's limit; outputs are clipped to it"),
     ignore_eos: bool = typer.Option(False, help="every output runs to --max-new-tokens"),

@@ -28,7 +28,8 @@ def test_every_line_skipped_is_no_requests(write):
 
 
 @pytest.mark.parametrize("text, where", [
-    ('{"timestamp": 1e300, "input_length": 10, "output_length": 5, "hash_ids": [1]}', "trace.jsonl:1: field 'timestamp'"),
+    ('{"timestamp": 1e300, "input_length": 10, "output_length": 5, "hash_ids": [1]}',
+     "trace.jsonl:1: field 'timestamp'"),
     ('{"arrival_s": 31536001, "input_len": 10, "output_len": 5}', "trace.jsonl:1: field 'arrival_s'"),
 ])
 def test_arrivals_more_than_a_year_in_are_rejected(write, text, where):
