@@ -81,3 +81,16 @@ def test_help_fits_80_columns_without_cutting(path):
 
 def test_every_sglang_flag_has_one_line_of_help():
     assert all(opt.help for _, opt in SERVER_OPTIONS.values())
+
+
+def test_the_readme_max_total_tokens_example_is_not_clamped():
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "poolsim plan" in x and "--max-total-tokens" in x)
+    argv = shlex.split(line.split("#")[0])[1:]
+    res = runner.invoke(app, argv)
+    asked = int(re.search(r"--max-total-tokens (\d+)", line)[1])
+    assert res.exit_code == 0 and res.stderr == "" and json.loads(res.stdout)["max_total_num_tokens"] == asked
