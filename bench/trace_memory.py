@@ -4,6 +4,9 @@ Each command runs in its own process; its max RSS comes from getrusage(RUSAGE_CH
 machine's cores are shared, so wall time would not mean much). Target (issue #11): 1M requests under 1 GiB.
 
     python bench/trace_memory.py [--requests 1000000] [--dir /tmp]
+
+Measured (2 shared cores, 1M requests = 285,714 chat sessions, a 277 MiB file): generate 221 MiB max RSS and
+19.5 s CPU (933 MiB when it held every request); inspect 789 MiB and 52.3 s CPU.
 """
 
 from __future__ import annotations
