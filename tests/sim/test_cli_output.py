@@ -89,3 +89,24 @@ def test_trace_outputs_replace_only_poolsim_traces_unless_forced(tmp_path):
     assert runner.invoke(app, ["trace", "slice", str(src), str(mooncake), "--force"]).exit_code == 0
     assert load_trace(mooncake).format == "poolsim"
     assert sorted(os.listdir(tmp_path)) == ["small.jsonl", "theirs.jsonl"]
+
+
+def test_plan_plot_replaces_only_its_own_png(tmp_path):
+    png = tmp_path / "cmp.png"
+    png.write_bytes(b"\x89PNG a user's picture")
+    argv = ["plan", "--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--compare", "--plot", str(png)]
+    one_error_line(runner.invoke(app, argv), "exists and was not written by poolsim; add --force")
+    assert png.read_bytes() == b"\x89PNG a user's picture"
+    assert runner.invoke(app, argv + ["--force"]).exit_code == 0
+    assert b"Software\x00poolsim" in png.read_bytes()[:4096]
+    assert runner.invoke(app, argv).exit_code == 0  # poolsim's own picture: replaced without --force
+    assert os.listdir(tmp_path) == ["cmp.png"]
+
+
+def test_sweep_refuses_a_users_folder_before_sweeping(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    res = runner.invoke(app, ["sweep", *SERVER, "--grid", "tp=1,2", "--out", str(mine)])
+    one_error_line(res, "not written by poolsim")
+    assert os.listdir(mine) == ["keep.txt"]
