@@ -409,6 +409,9 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
     max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, args.max_running_requests,
                                             mamba[2] if mamba else None, ratio)
+    if max_reqs < 1:  # one rule for plan and run: a pool too small for a single request row
+        raise SizingError(f"--max-total-tokens {args.max_total_tokens}: {max_total_num_tokens} KV tokens give "
+                          f"{max_total_num_tokens} // 2 = 0 request rows; a server needs at least one")
     if capped:  # kv_cache_configurator.py:3140-3156
         warnings.append(f"max_running_requests is capped to {max_reqs} by the mamba state cache "
                         f"(max_mamba_cache_size={mamba[2]}, {ratio} state slots per request)")

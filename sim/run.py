@@ -17,6 +17,7 @@ from pools.gpu_catalog import GPUSpec
 from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
+from sim import ROUTERS
 from sim.engine import Simulation
 from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
@@ -114,6 +115,11 @@ def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Mem
             "crossover_context_len": crossover_context_len(model, args)}
 
 
+def check_router(router: str) -> None:
+    if router not in ROUTERS:
+        raise ValueError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+
+
 def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
@@ -131,6 +137,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
     if slo_p99_s is not None and not slo_p99_s > 0:
         raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+    check_router(router)
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     if plan.is_hybrid_swa:  # never simulate it on one pool: admission and release differ slot for slot
         raise ValueError(f"--model {model.name}: run does not simulate hybrid-SWA models yet (SGLang's "
