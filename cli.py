@@ -612,5 +612,70 @@ def report(
     typer.echo(str(page))
 
 
+def _bench_list(flag: str, text: str, parse) -> list:
+    try:
+        return [parse(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a value or a comma-separated list") from None
+
+
+@app.command()
+@with_server_options
+def bench(
+    server: dict,
+    dataset_name: str = typer.Option("random", "--dataset-name", help="random|random-ids|sharegpt"),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
+    num_prompts: int = typer.Option(1000, "--num-prompts"),
+    random_input_len: int = typer.Option(1024, "--random-input-len"),
+    random_output_len: int = typer.Option(1024, "--random-output-len"),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
+    range_style: str = typer.Option("sglang", "--random-range-style",
+                                    help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]."),
+    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len"),
+    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len"),
+    request_rate: str = typer.Option("inf", "--request-rate",
+                                     help="req/s (Poisson) or inf; a comma list runs back to back."),
+    burstiness: float = typer.Option(1.0, "--burstiness", help="vLLM's gamma shape (1: SGLang's Poisson)."),
+    max_concurrency: Optional[str] = typer.Option(None, "--max-concurrency",
+                                                  help="at most N in flight; a comma list runs back to back."),
+    seed: int = typer.Option(42, "--seed"),
+    warmup_requests: int = typer.Option(1, "--warmup-requests"),
+    flush_cache: bool = typer.Option(False, "--flush-cache", help="/flush_cache after each run's warm-up."),
+    tokenizer_vocab_size: Optional[int] = typer.Option(None, "--tokenizer-vocab-size",
+                                                       help="random-ids: the tokenizer's vocab_size "
+                                                            "(default: the model config's)."),
+    router: str = typer.Option("round_robin", "--router", help="dp router: round_robin|cache_aware."),
+    step_time: str = typer.Option("analytic", "--step-time", help="analytic, or fixed:MILLISECONDS."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Step-time coefficients (JSON)."),
+    as_json: bool = typer.Option(False, "--json", help="bench_serving's result dict(s) as JSON."),
+) -> None:
+    """SGLang's bench_serving against the simulated server: its datasets, rates, concurrency and printout."""
+    from pools.errors import PoolError
+    from sim.bench_serving import BenchConfig, format_result, run_bench
+
+    try:
+        rates = _bench_list("--request-rate", request_rate, float)
+        limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
+        n = max(len(rates), len(limits))
+        if {len(rates), len(limits)} - {1, n}:
+            raise ValueError("--request-rate and --max-concurrency lists must have one value or the same length")
+        configs = [BenchConfig(dataset_name, num_prompts, random_input_len, random_output_len, random_range_ratio,
+                               rates[i % len(rates)], limits[i % len(limits)], seed, warmup_requests, flush_cache,
+                               str(dataset_path) if dataset_path else None, sharegpt_output_len,
+                               sharegpt_context_len, burstiness, range_style) for i in range(n)]
+        model, gpu, args, overhead = _server(server)
+        _, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+                               calibration=str(calibration) if calibration else None,
+                               runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    if as_json:
+        typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
+        return
+    typer.echo("\n\n".join(format_result(m) for m in results))
+
+
 if __name__ == "__main__":
     app()

@@ -3,6 +3,10 @@
 Each replica's loop is SGLang's event loop. Overlap (the default): step i+1 is scheduled while step i
 runs on the GPU, so step i's results (outputs, finishes, frees) land after step i+1 was planned.
 Plain (``--disable-overlap-schedule``): schedule, run, process, repeat.
+
+The arrival process is bench_serving's client: open loop (send at the trace's times) or, with
+``max_concurrency``, closed loop (its semaphore: a request is sent when one of the N in flight finishes), and
+``Barrier`` items between phases (warm-up, back-to-back runs).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from sim.req import Req
 from sim.scheduler import Scheduler
 
 
+FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
+
+
 class Launch(NamedTuple):
     """A forward step on the GPU: what runs, when, and its index."""
 
@@ -24,6 +31,19 @@ class Launch(NamedTuple):
     start: float
     end: float
     step: int
+
+
+KEEP = -1  # Barrier.max_concurrency: keep the current limit
+
+
+class Barrier(NamedTuple):
+    """Between two phases of a client: wait until every request sent so far has finished, wait ``pause_s``, then
+    optionally flush the cache (``/flush_cache``). Later arrival times count from the barrier's end; the next
+    phase runs with ``max_concurrency`` (None: no limit; KEEP: as before)."""
+
+    pause_s: float = 0.0
+    flush_cache: bool = False
+    max_concurrency: int | None = KEEP
 
 
 @dataclass
@@ -38,7 +58,8 @@ class ReplicaState:
 class Simulation:
     def __init__(self, schedulers: list[Scheduler], step_time: Callable, recorder: Recorder,
                  max_new_tokens_for: Callable, router: str = "round_robin", progress: Callable | None = None,
-                 check_every_step: bool = False):
+                 check_every_step: bool = False, max_concurrency: int | None = None,
+                 record_token_times: bool = False):
         self.env = simpy.Environment()
         self.replicas = [ReplicaState(s, self.env.event()) for s in schedulers]
         self.step_time = step_time
@@ -51,15 +72,34 @@ class Simulation:
         self._rr = 0
         self.num_requests = 0
         self._all_reqs: list[Req] = []
+        # bench_serving's asyncio.Semaphore(max_concurrency): a slot is taken at send and given back at finish
+        self.slots = self._slots(max_concurrency)
+        self.num_done = 0
+        self._drained: simpy.Event | None = None
+        self.barrier_times: list[float] = []  # when each Barrier ended (the next phase's time zero)
+        recorder.on_done = self._on_done
+        # rid -> the time each output token landed (bench_serving's per-token ITL); off by default (memory)
+        self.token_times: dict[int, list[float]] | None = {} if record_token_times else None
 
     # ---------------------------------------------------------------- arrivals
     def _arrivals(self, trace: Iterable):
+        offset = 0.0
         for treq in trace:
-            delay = treq.arrival_s - self.env.now
+            if isinstance(treq, Barrier):
+                yield from self._barrier(treq)
+                offset = self.env.now
+                continue
+            delay = treq.arrival_s + offset - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
+            if self.slots is not None:
+                slot = self.slots.get(1)
+                if not slot.triggered:  # a free slot is taken at once: requests sent together arrive together
+                    yield slot
             max_new, ignore_eos = self.max_new_tokens_for(treq)
             req = Req(treq.rid, treq, max_new, ignore_eos)
+            if self.slots is not None or offset:
+                req.arrival_s = self.env.now  # the send time (bench_serving starts a request's clock here)
             if self.check_every_step:
                 self._all_reqs.append(req)
             state = self._route(req)
@@ -70,6 +110,35 @@ class Simulation:
             if not state.wakeup.triggered:
                 state.wakeup.succeed()
         self.arrivals_done.succeed()
+
+    def _slots(self, limit: int | None) -> simpy.Container | None:
+        return simpy.Container(self.env, limit, init=limit) if limit else None
+
+    def _on_done(self, req: Req) -> None:
+        """A request finished or was aborted: its client call returns."""
+        self.num_done += 1
+        if self.slots is not None:
+            self.slots.put(1)
+        if self._drained is not None and self.num_done == self.num_requests:
+            self._drained.succeed()
+            self._drained = None
+
+    def _barrier(self, barrier: Barrier):
+        if self.num_done < self.num_requests:
+            self._drained = self.env.event()
+            yield self._drained
+        if barrier.pause_s > 0:
+            yield self.env.timeout(barrier.pause_s)
+        if barrier.flush_cache:
+            for state in self.replicas:
+                # SGLang flushes only a fully idle server; bench_serving's flush waits for that
+                while state.scheduler.has_work() or state.gpu_free_at > self.env.now:
+                    yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
+                state.scheduler.flush_cache()
+                state.evicted_seen = 0  # the tree's eviction counter restarts
+        if barrier.max_concurrency != KEEP:
+            self.slots = self._slots(barrier.max_concurrency)
+        self.barrier_times.append(self.env.now)
 
     def _route(self, req: Req) -> ReplicaState:
         if len(self.replicas) == 1:
@@ -118,6 +187,8 @@ class Simulation:
                 yield env.timeout(max(landed.end - env.now, 0))
                 sched.now = env.now
                 sched.process_batch_result(landed.batch, landed.end, landed.step)
+                if self.token_times is not None:
+                    self._stamp_tokens(landed.batch, landed.end)
             sched.last_batch = batch
             if launched is not None:
                 self._record(state, launched)
@@ -134,6 +205,13 @@ class Simulation:
                     continue
                 state.wakeup = env.event()
                 yield state.wakeup | self.arrivals_done
+
+    def _stamp_tokens(self, batch, end: float) -> None:
+        """A request got a token in this step if its output grew (at most one token per step)."""
+        for req in batch.reqs:
+            times = self.token_times.setdefault(req.rid, [])
+            if len(times) < req.num_output:
+                times.append(end)
 
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):

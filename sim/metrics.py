@@ -23,6 +23,7 @@ class Recorder:
     def __init__(self):
         self.steps: list[tuple] = []
         self.requests: list[tuple] = []
+        self.on_done = None  # called with each finished or aborted request (the engine's client releases it)
 
     def on_step(self, row: tuple) -> None:
         self.steps.append(row)
@@ -35,6 +36,8 @@ class Recorder:
             req.cached_tokens[0] if req.cached_tokens else 0, req.retraction_count, req.aborted,
             req.finished_reason, req.tokens_not_cached,
         ))
+        if self.on_done is not None:
+            self.on_done(req)
 
     def step_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))

@@ -42,6 +42,7 @@ class RunResult:
     summary: dict
     run: dict
     plan: MemoryPlan
+    token_times: dict | None = None  # rid -> output token times (simulate(token_times=True))
 
 
 def max_new_tokens_policy(policy: str) -> Callable:
@@ -118,7 +119,14 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None) -> RunResult:
+             progress: Callable | None = None, max_concurrency: int | None = None,
+             token_times: bool = False) -> RunResult:
+    """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
+    ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
+    ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
+    also return when each output token landed (per-token ITL)."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
@@ -127,7 +135,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
                             recorder=recorder, replica=i) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
     sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
-                     router=router, progress=progress, check_every_step=check)
+                     router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
+                     record_token_times=token_times)
     sim.run(trace)
     steps, requests = recorder.step_frame(), recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
@@ -141,8 +150,9 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "max_new_tokens_policy": max_new_tokens, "router": router, "step_time_model": clock.describe(),
         "overlap_schedule": config.enable_overlap, "memory_plan": plan.to_dict(),
         "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
+        "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
-    return RunResult(steps, requests, summary, run, plan)
+    return RunResult(steps, requests, summary, run, plan, sim.token_times)
 
 
 def _step_time(spec: str, model, gpu, plan, calibration, args=None):

@@ -303,6 +303,18 @@ class Scheduler:
         if self.recorder is not None:
             self.recorder.on_finish(req)
 
+    def flush_cache(self) -> None:
+        """``/flush_cache`` on an idle server (scheduler.py flush_cache): empty tree, pools and slots."""
+        if self.has_work():
+            raise RuntimeError("flush_cache needs an idle server (no queued or running requests)")
+        self.last_batch = None
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        mamba = getattr(self.req_to_token_pool, "mamba_allocator", None)
+        if mamba is not None:
+            mamba.clear()
+        self.allocator.clear()
+
     def on_idle(self) -> None:
         self.new_token_ratio.reset()
 
