@@ -277,8 +277,8 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
 
 def prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
     # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170)
-    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not (
+    # off (cuda_graph_hook.py:160-170), and so does --disable-prefill-cuda-graph
+    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not args.disable_prefill_cuda_graph and not (
         model.linear_attn is not None and model.linear_attn.kind == "kda")
 
 
