@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import re
 import sys
+import tempfile
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +43,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pools.gpu_catalog import get_gpu  # noqa: E402
+from pools.gpu_catalog import ARCHS, get_gpu  # noqa: E402
 from pools.model_config import ModelConfig  # noqa: E402
 from pools.server_args import ServerArgs  # noqa: E402
 from pools.sizing import plan_memory  # noqa: E402
-from sim.step_time import FIT_BOUNDS, AnalyticStepTime, Coefficients, ModelCost  # noqa: E402
+from sim.step_time import FIT_BOUNDS, PRIORS, AnalyticStepTime, Coefficients, ModelCost  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"
 METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
@@ -130,7 +132,13 @@ def predict(case: Case, k: Coefficients) -> dict[str, float]:
             "mean_itl_ms": tpot * 1e3, "mean_e2e_ms": e2e * 1e3}
 
 
-def simulate_case(case: Case, calibration: str | None = None) -> dict[str, float] | None:
+def client_flag(row: dict, flag: str, default: float) -> float:
+    """A bench_serving flag the case's notes quote (else bench_serving's default)."""
+    m = re.search(re.escape(flag) + r" ([0-9.]+)", row["notes"])
+    return float(m.group(1)) if m else default
+
+
+def simulate_case(case: Case, calibration: str | None = None, k: Coefficients | None = None) -> dict[str, float] | None:
     """The case through the simulator as bench_serving ran it: one warm-up request, then N prompts at
     --max-concurrency C, --request-rate inf. ``random`` prompts are drawn as SGLang's client draws them
     with --seed 1 (the published totals match these draws exactly: 6101 / 4220 tokens for 10 prompts of
@@ -144,8 +152,16 @@ def simulate_case(case: Case, calibration: str | None = None) -> dict[str, float
         return None
     cfg = BenchConfig(dataset_name="random-ids", num_prompts=int(r["num_prompts"]),
                       random_input_len=int(r["input_len"]), random_output_len=int(r["output_len"]),
-                      random_range_ratio=0.0, max_concurrency=int(r["max_concurrency"]), seed=1)
-    _, (m,) = run_bench([cfg], case.model, case.gpu, case.args, calibration=calibration)
+                      random_range_ratio=client_flag(r, "--random-range-ratio", 0.0),
+                      warmup_requests=int(client_flag(r, "--warmup-requests", 1)),
+                      max_concurrency=int(r["max_concurrency"]), seed=1)
+    if k is not None:  # through the calibration-file format, as a GPU calibration would hand them over
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "coefficients.json"
+            path.write_text(json.dumps({"device": "fit", "coefficients": asdict(k)}))
+            _, (m,) = run_bench([cfg], case.model, case.gpu, case.args, calibration=str(path))
+    else:
+        _, (m,) = run_bench([cfg], case.model, case.gpu, case.args, calibration=calibration)
     return {"output_throughput": m["output_throughput"], "mean_ttft_ms": m["mean_ttft_ms"],
             "mean_tpot_ms": m["mean_tpot_ms"], "mean_itl_ms": m["mean_itl_ms"],
             "mean_e2e_ms": m["mean_e2e_latency_ms"]}
@@ -155,26 +171,42 @@ def errors(cases: list[Case], k: Coefficients, simulated: dict | None = None) ->
     out = []
     for case in cases:
         pred = simulated[case.id] if simulated is not None else predict(case, k)
-        out.append({m: pred[m] / float(case.row[m]) - 1 for m in METRICS})
+        # a metric the source did not publish is NaN (left out of the medians)
+        out.append({m: pred[m] / float(case.row[m]) - 1 if case.row[m] else math.nan for m in METRICS})
     return out
 
 
 def loss(cases: list[Case], k: Coefficients) -> float:
-    return float(sum(math.log1p(e[m]) ** 2 for e in errors(cases, k) for m in FIT_METRICS))
+    return float(sum(math.log1p(e[m]) ** 2 for e in errors(cases, k) for m in FIT_METRICS if not math.isnan(e[m])))
 
 
-def fit(cases: list[Case], start: Coefficients) -> Coefficients:
-    """Coordinate search in log space inside FIT_BOUNDS (deterministic; numpy only). Only coefficients
-    the training cases can move are fitted (an architecture without cases keeps its prior)."""
-    archs = {c.cost.arch for c in cases}
-    names = [n for n in FIT_BOUNDS if not (n.startswith(("hbm_efficiency_", "mfu_")) and n.rsplit("_", 1)[1]
-                                           not in archs)]
+def sim_loss(cases: list[Case], k: Coefficients) -> float:
+    total = 0.0
+    for case in cases:
+        pred = simulate_case(case, k=k)
+        total += sum(math.log(pred[m] / float(case.row[m])) ** 2 for m in FIT_METRICS if case.row[m])
+    return total
+
+
+def fittable(cases: list[Case]) -> list[str]:
+    """Coefficients the cases can move: an architecture without cases keeps its prior."""
+    # only architectures whose cases publish latencies: a throughput alone cannot separate bandwidth,
+    # compute and fixed costs (the H200 cases publish only throughput: sm90 keeps its prior)
+    archs = {c.cost.arch for c in cases if c.row["mean_tpot_ms"]}
+    names = [n for n in FIT_BOUNDS if not (n.rsplit("_", 1)[1] in ARCHS and n.rsplit("_", 1)[1] not in archs)]
     names.remove("allreduce_latency_s")  # no published case resolves it; keep the kernel's measured value
+    return names
+
+
+def fit(cases: list[Case], start: Coefficients, loss=loss, steps=(2.0, 1.4, 1.15, 1.05, 1.02),
+        names: list[str] | None = None, log=None, max_passes: int = 1000) -> Coefficients:
+    """Coordinate search in log space inside FIT_BOUNDS (deterministic; numpy only)."""
+    names = names or fittable(cases)
     k, best = start, loss(cases, start)
-    for step in (2.0, 1.4, 1.15, 1.05, 1.02):
-        improved = True
-        while improved:
-            improved = False
+    for step in steps:
+        improved, passes = True, 0
+        while improved and passes < max_passes:
+            improved, passes = False, passes + 1
             for name in names:
                 lo, hi = FIT_BOUNDS[name]
                 for factor in (step, 1 / step):
@@ -183,11 +215,33 @@ def fit(cases: list[Case], start: Coefficients) -> Coefficients:
                     cur = loss(cases, trial)
                     if cur < best - 1e-12:
                         k, best, improved = trial, cur, True
+                        if log:
+                            log(f"  loss {best:.4f}: {name} = {value:.4g}")
                         break
     return k
 
 
+def write_defaults(k: Coefficients, fitted: list[str], measured_error: str) -> None:
+    """Rewrite the fitted block of sim/step_time.py (between its BEGIN/END FITTED DEFAULTS markers)."""
+    path = ROOT / "sim" / "step_time.py"
+    text = path.read_text()
+    head, rest = text.split("# BEGIN FITTED DEFAULTS\n")
+    _, tail = rest.split("# END FITTED DEFAULTS\n")
+    lines = ["DEFAULTS = {"]
+    for name in Coefficients.names():
+        value = getattr(k, name)
+        lo, hi = FIT_BOUNDS[name]
+        note = "" if name in fitted else "  # prior"
+        if name in fitted and (math.isclose(value, lo) or math.isclose(value, hi)):
+            note = "  # at bound"
+        lines.append(f'    "{name}": {value:.4g},{note}')
+    lines += ["}", f"MEASURED_ERROR = {measured_error!r}"]
+    path.write_text(head + "# BEGIN FITTED DEFAULTS\n" + "\n".join(lines) + "\n# END FITTED DEFAULTS\n" + tail)
+    print(f"wrote the fitted defaults into {path.relative_to(ROOT)}")
+
+
 def median(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
     return float(np.median(xs)) if xs else float("nan")
 
 
@@ -200,7 +254,7 @@ def report(cases: list[Case], k: Coefficients, title: str, simulated: dict | Non
     print(head)
     for case, e in zip(cases, errs):
         print(f"{case.id:<36} {case.family:<6} {case.row['max_concurrency']:>4} "
-              + " ".join(f"{e[m]:>+7.0%}" for m in METRICS))
+              + " ".join(f"{e[m]:>+7.0%}" if not math.isnan(e[m]) else f"{'-':>7}" for m in METRICS))
     groups = {"all": list(range(len(cases)))}
     for fam in ("dense", "MoE", "hybrid"):
         groups[fam] = [i for i, c in enumerate(cases) if c.family == fam]
@@ -217,6 +271,9 @@ def report(cases: list[Case], k: Coefficients, title: str, simulated: dict | Non
         summary[name] = absolute
         print(f"{name:<22} {len(idx):>3} " + " ".join(f"{s:>+7.0%}" for s in signed)
               + "   " + " / ".join(f"{a:.0%}" for a in absolute))
+    summary["n"] = len(cases)
+    within = [abs(e[m]) <= 0.25 for e in errs for m in FIT_METRICS if not math.isnan(e[m])]
+    print(f"within +-25 %: {sum(within)} of {len(within)} (case, metric) pairs on throughput, TTFT, TPOT")
     return summary
 
 
@@ -226,6 +283,12 @@ def main() -> None:
     ap.add_argument("--simulate", action="store_true",
                     help="replay each random-dataset case through the full simulator (minutes) instead of the "
                          "steady-state estimate, with the shipped defaults")
+    ap.add_argument("--fit-sim", action="store_true",
+                    help="after the steady-state fit, refine on the training half through the full simulator "
+                         "(tens of CPU minutes), then report the held-out half through the full simulator")
+    ap.add_argument("--write-defaults", action="store_true",
+                    help="with --fit / --fit-sim: write the fitted coefficients and held-out error into "
+                         "sim/step_time.py")
     ap.add_argument("--data", type=Path, default=DATA)
     opts = ap.parse_args()
     cases, skipped = load_cases(opts.data)
@@ -233,19 +296,31 @@ def main() -> None:
     for cid, why in skipped:
         print(f"  skip {cid}: {why}")
     k = Coefficients()
-    if opts.fit:
+    if opts.fit or opts.fit_sim:
         train = [c for c in cases if c.train]
         test = [c for c in cases if not c.train]
         print(f"split: {len(train)} training cases, {len(test)} held out")
-        k = fit(train, k)
-        report(train, k, "fitted, training half")
-        held = report(test, k, "fitted, HELD-OUT half")
+        k = fit(train, Coefficients(**PRIORS))  # from the priors, not the shipped values: reproducible
+        report(train, k, "fitted (steady state), training half")
+        held = report(test, k, "fitted (steady state), HELD-OUT half")
+        if opts.fit_sim:
+            sim_train = [c for c in train if c.row["dataset"] == "random"]
+            names = [n for n in fittable(sim_train) if n not in ("moe_token_layer_s", "link_efficiency")]
+            k = fit(sim_train, k, loss=sim_loss, steps=(1.2, 1.07), names=names, max_passes=1,
+                    log=lambda line: print(line, flush=True))
+            simulated = {c.id: simulate_case(c, k=k) for c in cases}
+            report(train, k, "fitted (full simulation), training half", simulated)
+            held = report(test, k, "fitted (full simulation), HELD-OUT half", simulated)
         print("\nfitted coefficients (sim/step_time.py DEFAULTS):")
         for name in Coefficients.names():
             print(f'    "{name}": {getattr(k, name):.4g},')
         a = held["all"]
-        print(f'\nMEASURED_ERROR = "held-out median |error| {a[0]:.0%} throughput, {a[1]:.0%} TTFT, '
-              f'{a[2]:.0%} TPOT over {len(test)} published runs"')
+        how = "full simulation" if opts.fit_sim else "steady-state estimate"
+        measured = (f"held-out median |error| {a[0]:.0%} throughput, {a[1]:.0%} TTFT, {a[2]:.0%} TPOT "
+                    f"({how}, {held['n']} published SGLang runs; bench/time_accuracy.py)")
+        print(f"\nMEASURED_ERROR = {measured!r}")
+        if opts.write_defaults:
+            write_defaults(k, fittable(train), measured)
     elif opts.simulate:
         simulated = {}
         for case in cases:

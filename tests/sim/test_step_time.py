@@ -32,7 +32,7 @@ def prefill_batch(prefix_lens, extend_lens):
 
 
 # Round coefficients so every expectation below is worked by hand, independent of the fitted defaults.
-K = Coefficients(hbm_efficiency_sm90=0.75, mfu_sm90=0.5, graph_layer_s=20e-6, eager_layer_s=150e-6,
+K = Coefficients(hbm_efficiency_sm90=0.75, mfu_sm90=0.5, graph_layer_s_sm90=20e-6, eager_layer_s_sm90=150e-6,
                  step_overhead_s=1e-3, moe_token_layer_s=10e-9, linear_prefill_token_layer_s=30e-9,
                  moe_gemm_efficiency=0.5, link_efficiency=0.8, allreduce_latency_s=8e-6)
 
@@ -86,7 +86,7 @@ def test_large_prefill_is_compute_bound():
 
 
 def test_efficiency_is_per_gpu_architecture():
-    b200 = AnalyticStepTime(cost(gpu="B200"), replace(K, hbm_efficiency_sm100=0.4, step_overhead_s=1e-3))
+    b200 = AnalyticStepTime(cost(gpu="B200"), replace(K, hbm_efficiency_sm100=0.4, graph_layer_s_sm100=20e-6))
     c = b200.cost
     assert c.arch == "sm100"
     nbytes = c.dense_weight_bytes + c.kv_cell_bytes * 11
