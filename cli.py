@@ -337,6 +337,7 @@ def run(
         typer.echo(json.dumps(payload, indent=2, default=float))
         return
     _print_summaries(labels, [r.summary for _, r in results])
+    typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if info["skipped_lines"]:
         typer.echo(f"skipped {info['skipped_lines']} malformed trace lines")
     if out is not None:
@@ -667,7 +668,7 @@ def bench(
                                str(dataset_path) if dataset_path else None, sharegpt_output_len,
                                sharegpt_context_len, burstiness, range_style) for i in range(n)]
         model, gpu, args, overhead = _server(server)
-        _, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+        sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
                                calibration=str(calibration) if calibration else None,
                                runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
     except (ValueError, OSError) as e:
@@ -678,6 +679,7 @@ def bench(
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
         return
     typer.echo("\n\n".join(format_result(m) for m in results))
+    typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 
 if __name__ == "__main__":

@@ -216,8 +216,12 @@ def calibration_source(path: str | Path) -> str:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return f"calibration {path}"
-    what = ", ".join(str(data[k]) for k in ("device", "date") if isinstance(data, dict) and data.get(k))
-    return f"calibration {path}" + (f" ({what})" if what else "")
+    if not isinstance(data, dict):
+        return f"calibration {path}"
+    what = ", ".join(str(data[k]) for k in ("device", "date") if data.get(k))
+    error = data.get("measured_error")  # what the calibration run measured, if it says
+    return (f"calibration {path}" + (f" ({what})" if what else "")
+            + (f"; {error}" if error else "; its error against published runs: not measured"))
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,8 @@ def test_calibration_file_replaces_coefficients(tmp_path):
                                 "coefficients": {"hbm_efficiency_sm90": 0.9, "step_overhead_s": 0.002}}))
     k = Coefficients.from_calibration(path)
     assert (k.hbm_efficiency_sm90, k.step_overhead_s, k.mfu_sm90) == (0.9, 0.002, Coefficients().mfu_sm90)
-    assert calibration_source(path) == f"calibration {path} (NVIDIA H100, 2026-11-29)"
+    assert calibration_source(path) == (f"calibration {path} (NVIDIA H100, 2026-11-29); "
+                                        "its error against published runs: not measured")
     path.write_text(json.dumps({"coefficients": {"warp_speed": 9}}))
     with pytest.raises(ValueError, match="unknown coefficient"):
         Coefficients.from_calibration(path)
