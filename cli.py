@@ -58,8 +58,8 @@ SERVER_OPTIONS = {
     "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule")),
     "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk")),
     "disable_cuda_graph": (bool, typer.Option(False, "--disable-cuda-graph")),
-    "disable_prefill_cuda_graph": (bool, typer.Option(False, "--disable-prefill-cuda-graph",
-                                                      help="Prefill runs eager (as the SGLang 0.5.6-0.5.7 runs of bench/data did).")),
+    "disable_prefill_cuda_graph": (bool, typer.Option(
+        False, "--disable-prefill-cuda-graph", help="Prefill runs eager (as SGLang 0.5.6-0.5.7 did).")),
     "runtime_overhead_gib": (Optional[float], typer.Option(
         None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
         "3.11 GiB above; from SGLang logs).")),

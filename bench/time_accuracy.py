@@ -320,6 +320,7 @@ def main() -> None:
                     f"({how}, {held['n']} published SGLang runs; bench/time_accuracy.py)")
         print(f"\nMEASURED_ERROR = {measured!r}")
         if opts.write_defaults:
+            # the steady-state error; replace it by the full-simulation figure of --simulate (bench/README.md)
             write_defaults(k, fittable(train), measured)
     elif opts.simulate:
         simulated = {}

@@ -112,7 +112,8 @@ DEFAULTS = {
     "allreduce_latency_s": 8e-06,  # prior
     "request_cpu_s": 0.09388,
 }
-MEASURED_ERROR = 'held-out median |error| 14% throughput, 26% TTFT, 11% TPOT (steady-state estimate, 21 published SGLang runs; bench/time_accuracy.py)'
+MEASURED_ERROR = ('held-out median |error| 12% throughput, 23% TTFT, 11% TPOT (full simulation of 19 held-out '
+                  'published SGLang runs, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 
 # Plausible range of every fittable coefficient: the GPU calibration fit and bench/time_accuracy.py --fit
@@ -328,9 +329,10 @@ class AnalyticStepTime:
 
     def describe(self) -> str:
         k, arch = self.k, self.cost.arch
+        graph, eager = k.layer_s(arch, True) * 1e6, k.layer_s(arch, False) * 1e6
         return (f"analytic roofline ({self.source}): {arch} MFU {k.mfu(arch):g}, HBM efficiency "
-                f"{k.hbm_efficiency(arch):g}, {k.layer_s(arch, True) * 1e6:g}/{k.layer_s(arch, False) * 1e6:g} us per layer "
-                f"(graph/eager), {k.step_overhead_s * 1e3:g} ms per step, "
+                f"{k.hbm_efficiency(arch):g}, {graph:g}/{eager:g} us per layer (graph/eager), "
+                f"{k.step_overhead_s * 1e3:g} ms per step, "
                 f"{k.request_cpu_s * 1e3:g} ms CPU per request")
 
     def __call__(self, batch) -> float:
