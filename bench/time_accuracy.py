@@ -193,7 +193,9 @@ def fittable(cases: list[Case]) -> list[str]:
     # only architectures whose cases publish latencies: a throughput alone cannot separate bandwidth,
     # compute and fixed costs (the H200 cases publish only throughput: sm90 keeps its prior)
     archs = {c.cost.arch for c in cases if c.row["mean_tpot_ms"]}
+    fp8_archs = {c.cost.arch for c in cases if c.row["mean_tpot_ms"] and c.cost.fp8}
     names = [n for n in FIT_BOUNDS if not (n.rsplit("_", 1)[1] in ARCHS and n.rsplit("_", 1)[1] not in archs)]
+    names = [n for n in names if not (n.startswith("fp8_layer_s_") and n.rsplit("_", 1)[1] not in fp8_archs)]
     names.remove("allreduce_latency_s")  # no published case resolves it; keep the kernel's measured value
     return names
 

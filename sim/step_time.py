@@ -17,6 +17,7 @@ fixed costs a roofline cannot see:
     launch  = layers x (graph_layer_s[arch]  if the step replays a CUDA graph: decode batches up to
                                                SGLang's cuda_graph_max_bs; prefill where the prefill graph is on
                         eager_layer_s[arch]  otherwise: kernel launches and Python per layer)
+            + layers x fp8_layer_s[arch] with FP8 linear layers (activation quantization per GEMM)
     moe     = MoE layers x tokens x moe_token_layer_s                  top-k routing, permute/unpermute
             + EP all-to-all: 2 x MoE layers x tokens x top_k x hidden x 2 B x (ep-1)/ep / link
     linear  = linear layers x prefill tokens x linear_prefill_token_layer_s   chunked KDA/GDN/Mamba2
@@ -51,6 +52,8 @@ DESCRIPTIONS = {
     **{f"graph_layer_s_{a}": f"s per layer of a step that replays a CUDA/HIP graph on {a} (kernel gaps)"
        for a in ARCHS},
     **{f"eager_layer_s_{a}": f"s per layer of an eager step on {a} (launches, Python, allocator)" for a in ARCHS},
+    **{f"fp8_layer_s_{a}": f"s per layer per step on {a} when the linear layers are FP8: the activation "
+                            "quantization kernels each FP8 GEMM adds" for a in ARCHS},
     "step_overhead_s": "s per step: sampling, scheduler work the overlap scheduler does not hide",
     "moe_token_layer_s": "s per token per MoE layer: top-k routing, permute and unpermute",
     "linear_prefill_token_layer_s": "s per prefill token per linear-attention layer: chunked KDA/GDN/Mamba2 "
@@ -70,6 +73,7 @@ PRIORS = {
     "moe_gemm_efficiency": 0.5,
     **{f"graph_layer_s_{a}": 20e-6 for a in ARCHS},
     **{f"eager_layer_s_{a}": 150e-6 for a in ARCHS},
+    **{f"fp8_layer_s_{a}": 10e-6 for a in ARCHS},
     "step_overhead_s": 1.5e-3,
     "moe_token_layer_s": 5e-9,
     "linear_prefill_token_layer_s": 20e-9,
@@ -84,35 +88,40 @@ PRIORS = {
 # its FIT_BOUNDS edge, so the data does not resolve it).
 # BEGIN FITTED DEFAULTS
 DEFAULTS = {
-    "hbm_efficiency_sm80": 0.4481,
+    "hbm_efficiency_sm80": 0.4393,
     "hbm_efficiency_sm89": 0.75,  # prior
     "hbm_efficiency_sm90": 0.75,  # prior
-    "hbm_efficiency_sm100": 0.5867,
-    "hbm_efficiency_gfx942": 0.4638,
+    "hbm_efficiency_sm100": 0.6211,
+    "hbm_efficiency_gfx942": 0.4312,
     "mfu_sm80": 0.85,  # at bound
     "mfu_sm89": 0.55,  # prior
     "mfu_sm90": 0.55,  # prior
-    "mfu_sm100": 0.7187,
-    "mfu_gfx942": 0.1231,
+    "mfu_sm100": 0.7283,
+    "mfu_gfx942": 0.1284,
     "moe_gemm_efficiency": 0.125,
     "graph_layer_s_sm80": 1e-06,  # at bound
     "graph_layer_s_sm89": 2e-05,  # prior
     "graph_layer_s_sm90": 2e-05,  # prior
     "graph_layer_s_sm100": 5e-05,  # at bound
-    "graph_layer_s_gfx942": 0.0002484,
+    "graph_layer_s_gfx942": 0.0001589,
     "eager_layer_s_sm80": 5e-05,  # at bound
     "eager_layer_s_sm89": 0.00015,  # prior
     "eager_layer_s_sm90": 0.00015,  # prior
     "eager_layer_s_sm100": 5e-05,  # at bound
     "eager_layer_s_gfx942": 5e-05,  # at bound
-    "step_overhead_s": 0.003088,
+    "fp8_layer_s_sm80": 1e-05,  # prior
+    "fp8_layer_s_sm89": 1e-05,  # prior
+    "fp8_layer_s_sm90": 1e-05,  # prior
+    "fp8_layer_s_sm100": 2.563e-05,
+    "fp8_layer_s_gfx942": 0.0001151,
+    "step_overhead_s": 0.002661,
     "moe_token_layer_s": 1e-10,  # at bound
     "linear_prefill_token_layer_s": 1e-06,  # at bound
     "link_efficiency": 1,  # at bound
     "allreduce_latency_s": 8e-06,  # prior
     "request_cpu_s": 0.09388,
 }
-MEASURED_ERROR = ('held-out median |error| 12% throughput, 23% TTFT, 11% TPOT (full simulation of 19 held-out '
+MEASURED_ERROR = ('held-out median |error| 7% throughput, 24% TTFT, 8% TPOT (full simulation of 19 held-out '
                   'published SGLang runs, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 
@@ -125,6 +134,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     # a replayed graph: kernel gaps of a few us per layer (AMD's HIP graphs replay slower: wider range)
     **{f"graph_layer_s_{a}": (1e-6, 300e-6 if a == "gfx942" else 50e-6) for a in ARCHS},
     **{f"eager_layer_s_{a}": (50e-6, 1e-3) for a in ARCHS},  # eager: >= ~10 launches of >= 5 us per layer
+    **{f"fp8_layer_s_{a}": (1e-6, 500e-6) for a in ARCHS},
     "step_overhead_s": (1e-4, 10e-3),
     "moe_token_layer_s": (1e-10, 1e-6),
     "linear_prefill_token_layer_s": (1e-10, 1e-6),
@@ -174,6 +184,11 @@ class Coefficients:
     eager_layer_s_sm90: float = DEFAULTS["eager_layer_s_sm90"]
     eager_layer_s_sm100: float = DEFAULTS["eager_layer_s_sm100"]
     eager_layer_s_gfx942: float = DEFAULTS["eager_layer_s_gfx942"]
+    fp8_layer_s_sm80: float = DEFAULTS["fp8_layer_s_sm80"]
+    fp8_layer_s_sm89: float = DEFAULTS["fp8_layer_s_sm89"]
+    fp8_layer_s_sm90: float = DEFAULTS["fp8_layer_s_sm90"]
+    fp8_layer_s_sm100: float = DEFAULTS["fp8_layer_s_sm100"]
+    fp8_layer_s_gfx942: float = DEFAULTS["fp8_layer_s_gfx942"]
     step_overhead_s: float = DEFAULTS["step_overhead_s"]
     moe_token_layer_s: float = DEFAULTS["moe_token_layer_s"]
     linear_prefill_token_layer_s: float = DEFAULTS["linear_prefill_token_layer_s"]
@@ -252,6 +267,7 @@ class ModelCost:
     link_bandwidth: float = 450e9  # B/s per direction (GPU catalog)
     cuda_graph_max_bs: int = 0  # decode batches up to this replay a CUDA graph (0: graphs off)
     prefill_cuda_graph: bool = False  # prefill runs in a (breakable) CUDA graph
+    fp8: bool = False  # FP8 linear layers (block-quantized checkpoint): activation quantization per GEMM
 
     @staticmethod
     def from_model(model, gpu, plan, args=None) -> "ModelCost":
@@ -314,6 +330,7 @@ class ModelCost:
             link_bandwidth=getattr(gpu, "link_bandwidth", 450e9),
             cuda_graph_max_bs=max_bs,
             prefill_cuda_graph=prefill_graph,
+            fp8=quant_fp8,
         )
 
 
@@ -375,6 +392,8 @@ class AnalyticStepTime:
                   + c.kv_cell_bytes * (context_tokens + tokens) + 2 * c.state_bytes * num_reqs)
         memory = nbytes / (c.hbm_bandwidth * k.hbm_efficiency(c.arch))
         launch = c.num_layers * k.layer_s(c.arch, self.uses_graph(prefill_tokens, num_reqs))
+        if c.fp8:
+            launch += c.num_layers * getattr(k, f"fp8_layer_s_{c.arch}")
         link = c.link_bandwidth * k.link_efficiency
         moe = c.num_moe_layers * tokens * k.moe_token_layer_s
         if c.ep > 1 and c.num_moe_layers:

@@ -185,3 +185,11 @@ def test_fixed_step_time_rejects_nonsense():
     assert FixedStepTime(0.02)(None) == 0.02
     with pytest.raises(ValueError):
         FixedStepTime(0)
+
+
+def test_fp8_layers_add_their_activation_quantization_cost():
+    c = cost("deepseek-v3", "B200", tp_size=8)
+    assert c.fp8 and c.num_layers == 61 and not cost().fp8
+    base = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=10e-6))(decode_batch([100]))
+    more = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=30e-6))(decode_batch([100]))
+    assert more - base == pytest.approx(61 * 20e-6, rel=1e-9)  # 61 layers x 20 us
