@@ -20,6 +20,7 @@ fixed costs a roofline cannot see:
             + layers x fp8_layer_s[arch] with FP8 linear layers (activation quantization per GEMM)
     moe     = MoE layers x tokens x moe_token_layer_s                  top-k routing, permute/unpermute
             + EP all-to-all: 2 x MoE layers x tokens x top_k x hidden x 2 B x (ep-1)/ep / link
+              (ep from ServerArgs.ep_size where present; poolsim has no --ep flag yet, so it is off)
     linear  = linear layers x prefill tokens x linear_prefill_token_layer_s   chunked KDA/GDN/Mamba2
                                                                               scan + causal conv in prefill
     comm    = 2 all-reduces per layer of tokens x hidden x 2 B:
