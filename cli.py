@@ -102,6 +102,8 @@ SERVER_OPTIONS = {
                                               "batch when using chunked prefill.")),
     "disable_cuda_graph": (bool, typer.Option(False, "--disable-cuda-graph", help="Disable CUDA graphs (frees the "
                                               "memory their capture reserves).")),
+    "disable_prefill_cuda_graph": (bool, typer.Option(
+        False, "--disable-prefill-cuda-graph", help="Prefill runs eager (as SGLang 0.5.6-0.5.7 did).")),
     "runtime_overhead_gib": (Optional[float], typer.Option(
         None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
         "3.11 GiB above; from SGLang logs).")),
@@ -480,6 +482,7 @@ def run(
         typer.echo(json.dumps(payload, indent=2, default=float))
         return
     _print_summaries(labels, [r.summary for _, r in results])
+    typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if info["skipped_lines"]:
         typer.echo(f"skipped {info['skipped_lines']} malformed trace lines")
     if out is not None:
@@ -885,7 +888,7 @@ def bench(
                                str(dataset_path) if dataset_path else None, sharegpt_output_len,
                                sharegpt_context_len, burstiness, range_style) for i in range(n)]
         model, gpu, args, overhead = _server(server)
-        _, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+        sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
                                calibration=str(calibration) if calibration else None,
                                runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
     except (ValueError, OSError) as e:
@@ -896,6 +899,7 @@ def bench(
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
         return
     typer.echo("\n\n".join(format_result(m) for m in results))
+    typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 
 def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:

@@ -28,6 +28,7 @@ class ServerArgs:
     enable_mixed_chunk: bool = False
     attention_backend: str | None = None  # None: SGLang's default for the GPU (fa3 on Hopper, ...)
     disable_cuda_graph: bool = False
+    disable_prefill_cuda_graph: bool = False  # prefill runs eager (--disable-prefill-cuda-graph)
     # hybrid linear-attention (KDA / GDN / Mamba2) models
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: str | None = None  # None: config's mamba_ssm_dtype, else float32

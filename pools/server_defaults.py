@@ -48,6 +48,13 @@ def default_chunked_prefill_size(gpu: GPUSpec, tp: int = 1) -> int:
     return _capacity_tier(gpu, tp)[0]
 
 
+def decode_cuda_graph_max_bs(gpu: GPUSpec, tp: int, max_running_requests: int | None = None) -> int:
+    """The largest decode batch SGLang captures a CUDA graph for: the capacity tier's max_bs
+    (memory_hook.py:93-172), capped by --max-running-requests (memory_hook.py:174-180)."""
+    max_bs = _capacity_tier(gpu, tp)[1]
+    return min(max_bs, max_running_requests) if max_running_requests else max_bs
+
+
 def prefill_cuda_graph_bs(max_bs: int) -> list[int]:
     """generate_prefill_cuda_graph_batch_sizes (cuda_graph_hook.py:480)."""
     sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
@@ -59,9 +66,7 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
     """handle_gpu_memory_settings (memory_hook.py:47-290) without post-capture sizing (its env flag is off)."""
     tp = args.tp_size
     gpu_mem = gpu.memory_mib  # MiB
-    decode_max_bs = _capacity_tier(gpu, tp)[1]
-    if args.max_running_requests is not None:
-        decode_max_bs = min(decode_max_bs, args.max_running_requests)  # memory_hook.py:174-180
+    decode_max_bs = decode_cuda_graph_max_bs(gpu, tp, args.max_running_requests)
     if chunked_prefill_size > 0:
         activation_tokens = max(chunked_prefill_size, 2048)
     else:
@@ -75,10 +80,10 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
     return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
-def _prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
+def prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
     # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170)
-    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not (
+    # off (cuda_graph_hook.py:160-170), and so does --disable-prefill-cuda-graph
+    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not args.disable_prefill_cuda_graph and not (
         model.linear_attn is not None and model.linear_attn.kind == "kda")
 
 
@@ -87,7 +92,7 @@ def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill
     reserved = 0.0
     if not args.disable_cuda_graph:
         reserved += decode_max_bs * 2  # MiB: decode graphs
-    if _prefill_cuda_graph_on(model, gpu, args):
+    if prefill_cuda_graph_on(model, gpu, args):
         if model.use_mla:
             reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead
         else:

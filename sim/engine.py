@@ -63,6 +63,10 @@ class Simulation:
         self.env = simpy.Environment()
         self.replicas = [ReplicaState(s, self.env.event()) for s in schedulers]
         self.step_time = step_time
+        # per-request CPU time outside the forward passes (AnalyticStepTime.request_cpu_s; 0 for fixed steps)
+        self.request_cpu_s = float(getattr(step_time, "request_cpu_s", 0.0))
+        self._in_transit = 0
+        self._sending_done = False
         self.recorder = recorder
         self.max_new_tokens_for = max_new_tokens_for
         self.router = router
@@ -102,14 +106,32 @@ class Simulation:
                 req.arrival_s = self.env.now  # the send time (bench_serving starts a request's clock here)
             if self.check_every_step:
                 self._all_reqs.append(req)
-            state = self._route(req)
-            req.replica = self.replicas.index(state)
-            state.scheduler.now = self.env.now
-            state.scheduler.add_request(req)
             self.num_requests += 1
-            if not state.wakeup.triggered:
-                state.wakeup.succeed()
-        self.arrivals_done.succeed()
+            if self.request_cpu_s > 0:
+                # HTTP, tokenizer and scheduler admission: the request reaches the scheduler later than
+                # it was sent (its clock, arrival_s, started at the send); constant, so order is kept
+                self._in_transit += 1
+                self.env.process(self._deliver_later(req))
+            else:
+                self._deliver(req)
+        self._sending_done = True
+        if not self._in_transit:
+            self.arrivals_done.succeed()
+
+    def _deliver(self, req: Req) -> None:
+        state = self._route(req)
+        req.replica = self.replicas.index(state)
+        state.scheduler.now = self.env.now
+        state.scheduler.add_request(req)
+        if not state.wakeup.triggered:
+            state.wakeup.succeed()
+
+    def _deliver_later(self, req: Req):
+        yield self.env.timeout(self.request_cpu_s)
+        self._deliver(req)
+        self._in_transit -= 1
+        if self._sending_done and not self._in_transit:
+            self.arrivals_done.succeed()
 
     def _slots(self, limit: int | None) -> simpy.Container | None:
         return simpy.Container(self.env, limit, init=limit) if limit else None

@@ -22,7 +22,8 @@ from sim.engine import Simulation
 from sim.metrics import Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
-from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
+from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
+                            calibration_source)
 from sim.summary import SLO_METRICS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
@@ -148,7 +149,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     recorder = Recorder()
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i) for i in range(args.dp_size)]
-    clock = _step_time(step_time, model, gpu, plan, calibration)
+    clock = _step_time(step_time, model, gpu, plan, calibration, args)
     sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
@@ -171,7 +172,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     return RunResult(steps, requests, summary, run, plan, sim.token_times)
 
 
-def _step_time(spec: str, model, gpu, plan, calibration):
+def _step_time(spec: str, model, gpu, plan, calibration, args=None):
     if spec.startswith("fixed:"):
         try:
             return FixedStepTime(float(spec.split(":", 1)[1]) / 1e3)
@@ -180,5 +181,5 @@ def _step_time(spec: str, model, gpu, plan, calibration):
     if spec != "analytic":
         raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
     coeffs = Coefficients.from_calibration(calibration) if calibration else None
-    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan), coeffs,
-                            source=f"calibration {calibration}" if calibration else "default coefficients")
+    source = calibration_source(calibration) if calibration else f"fitted defaults; {MEASURED_ERROR}"
+    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan, args), coeffs, source=source)

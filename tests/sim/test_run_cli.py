@@ -35,6 +35,24 @@ def test_run_writes_frames_summary_and_report(tmp_path):
     assert run["server_args"]["page_size"] == 16 and run["overlap_schedule"] is False
     assert run["memory_plan"]["page_size"] == 16
     assert "FITS:" in res.output
+    # which time model ran, and its measured error, on the terminal and in the report
+    assert "time model: analytic roofline (fitted defaults; held-out median |error|" in res.output
+    assert run["step_time_model"].startswith("analytic roofline (fitted defaults; held-out median |error|")
+    assert "held-out median |error|" in (out / "report.html").read_text()
+
+
+def test_run_names_the_calibration_file_it_used(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-30",
+                               "coefficients": {"hbm_efficiency_sm90": 0.8}}))
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--calibration", str(cal), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert f"time model: analytic roofline (calibration {cal} (NVIDIA H100 80GB HBM3, 2026-11-30)" in res.output
+    assert "HBM efficiency 0.8" in res.output
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--step-time", "fixed:20", "--quiet"])
+    assert "time model: fixed 20 ms per step" in res.output
 
 
 def test_compare_model_runs_both_side_by_side(tmp_path):
