@@ -117,15 +117,22 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None) -> RunResult:
+             progress: Callable | None = None, replay=None) -> RunResult:
+    """``replay`` (kernels.replay): the same simulation with the pools on ``replay.device`` and a step-time hook
+    ``replay.step_time(clock, servers)`` that measures each step and returns the clock's time (the schedule
+    is unchanged); ``replay.mamba_config`` sizes the device state tensors. None: the plain simulation."""
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
+    device = None
+    if replay is not None:
+        device, mamba = replay.device, replay.mamba_config(mamba)
     recorder = Recorder()
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
-                            recorder=recorder, replica=i) for i in range(args.dp_size)]
+                            recorder=recorder, replica=i, device=device) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration)
-    sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
+    step_fn = clock if replay is None else replay.step_time(clock, servers)
+    sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check)
     sim.run(trace)
     steps, requests = recorder.step_frame(), recorder.request_frame()
