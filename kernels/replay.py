@@ -163,7 +163,7 @@ class ReplayOptions:
     max_steps: int | None = None  # measure at most this many steps (the pools are still checked every step)
     budget_s: float | None = None  # stop measuring after this many seconds of replay
     warmup: int = 2  # untimed forwards before the first timed step of each kind
-    triton_steps: int = 0  # the first N measured steps run the Triton kernels (TRITON_INTERPRET=1 on a CPU)
+    triton_steps: int = 0  # the first N measured decode steps run the Triton kernels (TRITON_INTERPRET=1 on a CPU)
     seed: int = 0
     synthetic: object = None  # a callable(shape) -> seconds that stands in for the measurement (CPU tests)
 
@@ -253,7 +253,8 @@ class DeviceReplay:
             self._check_pools(i, batch)
         server = self._servers[id(batch.req_to_token_pool)]
         inp = self._inputs(batch, server)
-        triton = self.triton_checked < self.opts.triton_steps
+        # the Triton kernels on the first decode steps (under the CPU interpreter their cost grows with the work)
+        triton = self.triton_checked < self.opts.triton_steps and batch.forward_mode == "decode"
         self._check_write_req_to_token(i, inp, server, triton)
         if self._measuring(i):
             self._measure(i, batch, inp, server, predicted, triton)
