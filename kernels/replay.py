@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+INTERPRETER_MAX_CONTEXT = 2048  # context tokens a decode step may read to run under TRITON_INTERPRET on a CPU
 STEP_FIELDS = ("step", "kind", "batch_size", "extend_tokens", "decode_tokens", "context_tokens", "predicted_s",
                "measured_s", "forward_s")
 
@@ -25,9 +26,12 @@ class PoolMismatch(RuntimeError):
     """The device pools and the simulator's disagree: the step and the pool are named."""
 
     def __init__(self, step: int, pool: str, detail: str = ""):
-        super().__init__(f"step {step}: {pool} differs between the device pools and the simulation"
-                         + (f" ({detail})" if detail else ""))
-        self.step, self.pool = step, pool
+        super().__init__(step, pool, detail)  # the plain args: SimPy re-raises a process's error as type(e)(*e.args)
+        self.step, self.pool, self.detail = step, pool, detail
+
+    def __str__(self) -> str:
+        return (f"step {self.step}: {self.pool} differs between the device pools and the simulation"
+                + (f" ({self.detail})" if self.detail else ""))
 
 
 class StepShape:
@@ -253,8 +257,10 @@ class DeviceReplay:
             self._check_pools(i, batch)
         server = self._servers[id(batch.req_to_token_pool)]
         inp = self._inputs(batch, server)
-        # the Triton kernels on the first decode steps (under the CPU interpreter their cost grows with the work)
-        triton = self.triton_checked < self.opts.triton_steps and batch.forward_mode == "decode"
+        # the Triton kernels on the first decode steps; under the CPU interpreter only on small ones (its cost
+        # grows with the context read)
+        triton = (self.triton_checked < self.opts.triton_steps and batch.forward_mode == "decode"
+                  and (self.timer_cls is CudaTimer or sum(batch.decode_seq_lens) <= INTERPRETER_MAX_CONTEXT))
         self._check_write_req_to_token(i, inp, server, triton)
         if self._measuring(i):
             self._measure(i, batch, inp, server, predicted, triton)
@@ -314,13 +320,18 @@ class DeviceReplay:
                 kernels.write_req_to_token(mirror, inp.ext_rows, inp.prefix_lens, seq, inp.ext_loc, prefix_loc.long())
             if inp.dec_rows.numel():
                 kernels.write_req_to_token(mirror, inp.dec_rows, inp.dec_seq_lens - 1, inp.dec_seq_lens, inp.dec_loc)
-        rows = torch.cat([inp.ext_rows, inp.dec_rows])
-        ends = torch.cat([inp.prefix_lens + inp.extend_lens, inp.dec_seq_lens])
-        if rows.numel():
-            width = int(ends.max())
-            used = torch.arange(width, device=rows.device)[None, :] < ends[:, None]
-            if not torch.equal(mirror[rows, :width][used], table[rows, :width][used]):
-                raise PoolMismatch(i, "req_to_token rows written by write_req_to_token")
+        # what the kernel wrote this step: prefill rows [0, prefix + extend), decode rows their new position
+        spans = [(r, 0, p + e) for r, p, e in zip(inp.ext_rows.tolist(), inp.prefix_lens.tolist(),
+                                                  inp.extend_lens.tolist())]
+        spans += [(r, s - 1, s) for r, s in zip(inp.dec_rows.tolist(), inp.dec_seq_lens.tolist())]
+        if spans:  # row slices are views: one cat per table, one compare
+            if not torch.equal(torch.cat([mirror[r, a:b] for r, a, b in spans]),
+                               torch.cat([table[r, a:b] for r, a, b in spans])):
+                r, a, b = next((r, a, b) for r, a, b in spans if not torch.equal(mirror[r, a:b], table[r, a:b]))
+                pos = a + int((mirror[r, a:b] != table[r, a:b]).nonzero()[0])
+                raise PoolMismatch(i, "req_to_token rows written by write_req_to_token",
+                                   f"row {r} position {pos}: the kernel wrote {int(mirror[r, pos])}, "
+                                   f"the pool holds {int(table[r, pos])}")
 
     def _measure(self, i, batch, inp, server, predicted, triton):
         import contextlib
