@@ -101,12 +101,13 @@ def pool_digest(batch) -> dict[str, str]:
 
 
 class ReferenceRun:
-    """The numpy simulation's side: records each step's digest and returns the model's time."""
+    """The numpy simulation's side: records each step's digest and shape, and returns the model's time."""
 
     device = None
 
     def __init__(self):
         self.digests: list[dict[str, str]] = []
+        self.shapes: list[StepShape] = []
 
     def mamba_config(self, mamba):
         return mamba
@@ -114,6 +115,7 @@ class ReferenceRun:
     def step_time(self, clock, servers):
         def step(batch):
             self.digests.append(pool_digest(batch))
+            self.shapes.append(StepShape.of(batch))
             return clock(batch)
         return step
 
