@@ -8,6 +8,7 @@ Request i owns ``extend_lens[i]`` consecutive query rows of ``q``; its keys are 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels._common import check, check_index_range, check_lengths
 
@@ -33,11 +34,12 @@ def extend_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
         if e == 0:
             continue
         slots = req_to_token[row, : p + e].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, DK]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        s = torch.einsum("thd,lhd->htl", q[start:start + e].float(), k) * scale  # [Hq, e, L]
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, DK]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, DV]
         causal = torch.arange(p + e, device=q.device)[None, :] <= (p + torch.arange(e, device=q.device))[:, None]
-        s = s.masked_fill(~causal[None], float("-inf"))
-        o[start:start + e] = torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v).to(q.dtype)
+        # softmax(q k^T * scale + mask) v; SDPA so a GPU run need not hold the [Hq, e, L] scores
+        o_i = F.scaled_dot_product_attention(q[start:start + e].float().transpose(0, 1), k, v, attn_mask=causal,
+                                             scale=scale)
+        o[start:start + e] = o_i.transpose(0, 1).to(q.dtype)
         start += e
     return o
