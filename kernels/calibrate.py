@@ -379,7 +379,10 @@ def report_text(record: dict) -> str:
 
 
 def _plot(outdir: OutputDir, steps) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a device without matplotlib still gets the numbers
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
