@@ -12,7 +12,6 @@ schedule is exactly the simulation's (the replay measures, it does not steer).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 
 import numpy as np
@@ -58,14 +57,30 @@ class StepShape:
                 "decode_seq_lens": self.decode_seq_lens, "num_reqs": len(self.reqs)}
 
 
-def _hash(*arrays) -> str:
-    h = hashlib.blake2b(digest_size=12)
+def _checksum(*arrays) -> str:
+    """Per array: length, sum and position-weighted sum of the ids. Order-sensitive, computed where the array lives
+    (two scalars cross from a GPU, not the list); int64 wraps the same way in numpy and torch on huge pools."""
+    parts = []
     for a in arrays:
         if hasattr(a, "detach"):
-            a = a.detach().cpu().numpy()
-        h.update(np.ascontiguousarray(np.asarray(a, dtype=np.int64)).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+            import torch
+
+            x = a.reshape(-1).to(torch.int64)
+            pos = torch.arange(1, x.numel() + 1, device=x.device, dtype=torch.int64)
+            parts.append(f"{x.numel()}:{int(x.sum())}:{int((x * pos).sum())}")
+        else:
+            x = np.asarray(a, dtype=np.int64).reshape(-1)
+            pos = np.arange(1, x.size + 1, dtype=np.int64)
+            parts.append(f"{x.size}:{int(x.sum())}:{int((x * pos).sum())}")
+    return "|".join(parts)
+
+
+def _cat(xs):
+    if xs and hasattr(xs[0], "detach"):
+        import torch
+
+        return torch.cat(list(xs))
+    return np.concatenate([np.asarray(x, dtype=np.int64) for x in xs]) if xs else np.empty(0, dtype=np.int64)
 
 
 def batch_lengths(batch) -> tuple[list, list, list, list]:
@@ -87,16 +102,17 @@ def pool_digest(batch) -> dict[str, str]:
     rows = [r.kv.req_pool_idx for r in ext + dec]
     ends = [p + e for p, e in lens] + seq
     table = pool.req_to_token
-    mapped = [table[row, :end] for row, end in zip(rows, ends)]
+    mapped = _cat([table[row, :end] for row, end in zip(rows, ends)])
+    staged = getattr(alloc, "staged", [])
     digest = {
-        "KV allocator free list": _hash(alloc.free_pages, *getattr(alloc, "staged", [])),
-        "req_to_token rows": _hash(rows, ends, *mapped),
-        "request-row free list": _hash(pool.free_slots),
-        "radix tree sizes": _hash([tree.evictable_size(), tree.protected_size(), tree.mamba_evictable_size()]),
+        "KV allocator free list": _checksum(alloc.free_pages, _cat(staged)) if staged else _checksum(alloc.free_pages),
+        "req_to_token rows": _checksum(rows, ends, mapped),
+        "request-row free list": _checksum(pool.free_slots),
+        "radix tree sizes": _checksum([tree.evictable_size(), tree.protected_size(), tree.mamba_evictable_size()]),
     }
     mamba = getattr(pool, "mamba_allocator", None)
     if mamba is not None:
-        digest["mamba state slots"] = _hash(mamba.free_slots, [r.kv.mamba_pool_idx for r in ext + dec])
+        digest["mamba state slots"] = _checksum(mamba.free_slots, [r.kv.mamba_pool_idx for r in ext + dec])
     return digest
 
 

@@ -307,10 +307,11 @@ class StandInForward:
             cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device), torch.cumsum(inp.extend_lens, 0)])
             has_init = inp.prefix_lens > 0
             y = kernels.conv1d_prefill(mixed[:ne], conv_state, w["conv"], None, inp.ext_slots, cu, has_init)
-            q, k, v = (z.reshape(ne, d.lin_heads, d.lin_head_dim) for z in y.chunk(3, dim=-1))
+            q, k, v = (z.reshape(ne, d.lin_heads, d.lin_head_dim).contiguous() for z in y.chunk(3, dim=-1))
             # fla's chunk_kda on a GPU; on the CPU the torch reference even when the Triton ops are forced
             prefill = kernels.kda_prefill if q.is_cuda else kda_prefill_reference.kda_prefill
-            outs.append(prefill(q, k, v, a[:ne], b[:ne], w["A_log"], w["dt_bias"], ssm, inp.ext_slots, cu, has_init))
+            outs.append(prefill(q, k, v, a[:ne].contiguous(), b[:ne].contiguous(), w["A_log"], w["dt_bias"], ssm,
+                                inp.ext_slots, cu, has_init))
         if t > ne:
             y = kernels.conv1d_update(mixed[ne:], conv_state, w["conv"], None, inp.dec_slots)
             q, k, v = (z.reshape(t - ne, d.lin_heads, d.lin_head_dim).contiguous() for z in y.chunk(3, dim=-1))
