@@ -630,7 +630,7 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
     try:
         import torch
     except ImportError:
-        _fail(ValueError("calibrate/validate need torch (pip install 'poolsim[kernels]')"))
+        _fail(ValueError("calibrate/validate need torch (pip install 'poolsim[gpu]')"))
     try:
         torch.device(device)
     except RuntimeError as e:
