@@ -683,7 +683,7 @@ def calibrate(
     """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json."""
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True)
     f = rec["fit"]
-    typer.echo(f"fit: {', '.join(f['fitted']) or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
+    typer.echo(f"fit: {', '.join(f['fitted']) or f.get('note') or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
                f"held-out {f['mape_heldout']:.2%} (before: {f['before']['mape_heldout']:.2%}); "
                f"pool check {rec['pool_check']['steps']} steps, {rec['pool_check']['mismatches']} mismatches; "
                f"{rec['wall_s']:.1f} s")

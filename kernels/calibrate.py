@@ -39,6 +39,7 @@ FALLBACK_FIT_BOUNDS = {
 }
 HELDOUT_BLOCKS = (2, 6)  # of 8 contiguous blocks of the measured steps
 NUM_BLOCKS = 8
+MIN_STEPS_PER_COEFFICIENT = 4  # fewer training steps than this per fittable coefficient: no fit
 SENSITIVITY_MIN = 1e-3  # a coefficient whose d log t / d log c stays below this on every step is not identifiable
 OUTPUT_FILES = ("calibration.json", "steps.csv", "replay_steps.csv", "report.md", "calibration.png")
 
@@ -324,7 +325,12 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
 
     meas = steps["measured_s"].to_numpy()
     held = heldout_mask(len(meas))
-    if refit:
+    too_few = int((~held).sum()) < MIN_STEPS_PER_COEFFICIENT * len(fittable())
+    if refit and too_few:
+        coeffs, fit_info = start, {"fitted": [], "note": f"{int((~held).sum())} training steps: too few to fit "
+                                   f"{len(fittable())} coefficients (need {MIN_STEPS_PER_COEFFICIENT} per coefficient)"}
+        log(f"fit skipped: {fit_info['note']}")
+    elif refit:
         result = fit(cost, replay.shapes, meas, start=start, train=~held)
         coeffs = result.coefficients
         fit_info = {"fitted": result.fitted, "fixed_not_identifiable": result.fixed, "iterations": result.iterations,
