@@ -48,7 +48,7 @@ def fit_bounds() -> dict[str, tuple[float, float]]:
     return dict(getattr(step_time, "FIT_BOUNDS", FALLBACK_FIT_BOUNDS))
 
 
-def fittable(coefficients=None) -> list[str]:
+def fittable() -> list[str]:
     bounds = fit_bounds()
     return [f.name for f in dataclasses.fields(step_time.Coefficients) if f.name in bounds]
 
@@ -242,7 +242,7 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
     """The whole path; returns the calibration record (also written to ``out/calibration.json``)."""
     import pandas as pd
 
-    from kernels.replay import DeviceReplay, PoolMismatch, ReferenceRun
+    from kernels.replay import STEP_FIELDS, DeviceReplay, PoolMismatch, ReferenceRun
     from pools.sizing import plan_memory
     from sim.run import simulate
 
@@ -311,7 +311,7 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
                         "warmup_s": round(replay.warmup_s, 3), "step_table_equal": True,
                         "timer": "synthetic" if truth is not None else ("cuda events" if info["type"] == "cuda"
                                                                           else "cpu wall")}
-    steps = pd.DataFrame(replay.rows, columns=list(replay.rows[0]) if replay.rows else None)
+    steps = pd.DataFrame(replay.rows, columns=list(STEP_FIELDS))
     if outdir is not None:
         outdir.write("replay_steps.csv", lambda p: device_run.steps.to_csv(p, index=False))
         outdir.write("steps.csv", lambda p: steps.to_csv(p, index=False))
