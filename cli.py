@@ -483,6 +483,10 @@ def run(
         return
     _print_summaries(labels, [r.summary for _, r in results])
     typer.echo(f"time model: {results[0][1].run['step_time_model']}")
+    if calibration is not None:
+        from kernels.calibrate import describe
+
+        typer.echo(describe(calibration))
     if info["skipped_lines"]:
         typer.echo(f"skipped {info['skipped_lines']} malformed trace lines")
     if out is not None:
@@ -916,6 +920,106 @@ def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | 
         raise ValueError(f"{out}: holds another run; name a new folder for the page")
     check_out_dir(out)
     return Path(out)
+
+
+# ---------------------------------------------------------------- device replay: calibrate / validate
+def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
+            calibration, refit):
+    """Shared by calibrate and validate: the trace through the pools on a device (kernels.calibrate)."""
+    import os
+
+    from kernels.replay import PoolMismatch, ReplayOptions
+    from pools.errors import PoolError
+
+    if device == "cpu" and triton_steps:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel module is first imported
+    try:
+        import torch
+    except ImportError:
+        _fail(ValueError("calibrate/validate need torch (pip install 'poolsim[gpu]')"))
+    try:
+        torch.device(device)
+    except RuntimeError as e:
+        _fail(ValueError(f"--device {device!r}: {e}"))
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        _fail(ValueError(f"--device {device}: no CUDA device here (use --device cpu --tiny for the CPU path)"))
+    from kernels.calibrate import calibrate as run_calibration
+
+    opts = ReplayOptions(device=device, tiny=tiny, layers=layers or ("unit" if tiny else "full"),
+                         max_steps=max_steps, budget_s=budget_s, triton_steps=triton_steps, seed=seed)
+    try:
+        loaded = _load_trace(trace, fmt, False)
+        info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
+                "requests": len(loaded)}
+        model, gpu, args, overhead = _server(server)
+        return run_calibration(loaded, model, gpu, args, out=out, opts=opts, trace_info=info,
+                               runtime_overhead_gib=overhead, calibration=str(calibration) if calibration else None,
+                               refit=refit, log=typer.echo)
+    except PoolMismatch as e:
+        typer.echo(f"error: pool check failed: {e}", err=True)
+        raise typer.Exit(1)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+
+
+DEVICE_OPT = typer.Option("cuda:0", "--device", help="torch device the pools and the stand-in forward run on.")
+TINY_OPT = typer.Option(False, "--tiny", help="CI size: small hidden size, few heads, experts and layers "
+                                             "(on a CPU the timer is synthetic: a test fixture).")
+LAYERS_OPT = typer.Option(None, "--layers", help="full | unit (one layer per kind, scaled) | N per kind "
+                                                  "(default: full; unit with --tiny).")
+MAX_STEPS_OPT = typer.Option(None, "--max-steps", help="Measure at most N steps (pools are checked on every step).")
+BUDGET_OPT = typer.Option(None, "--budget-s", help="Stop measuring after S seconds of replay.")
+TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured steps through the Triton kernels "
+                                                    "(TRITON_INTERPRET=1 on a CPU).")
+
+
+@app.command()
+@with_server_options
+def calibrate(
+    server: dict,
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
+    max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
+    triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
+    out: Path = typer.Option(..., "--out", help="Folder for calibration.json, steps.csv, report.md, calibration.png."),
+) -> None:
+    """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json."""
+    rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True)
+    f = rec["fit"]
+    typer.echo(f"fit: {', '.join(f['fitted']) or f.get('note') or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
+               f"held-out {f['mape_heldout']:.2%} (before: {f['before']['mape_heldout']:.2%}); "
+               f"pool check {rec['pool_check']['steps']} steps, {rec['pool_check']['mismatches']} mismatches; "
+               f"{rec['wall_s']:.1f} s")
+    if rec["fixture_only"]:
+        typer.echo("synthetic timer: this calibration is a test fixture, not a GPU measurement")
+    typer.echo(f"wrote {out}/calibration.json (use: poolsim run --calibration {out}/calibration.json)")
+
+
+@app.command()
+@with_server_options
+def validate(
+    server: dict,
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
+    calibration: Path = typer.Option(..., "--calibration", help="calibration.json from `poolsim calibrate`."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
+    max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
+    triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here."),
+) -> None:
+    """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit."""
+    rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
+                  calibration, False)
+    f = rec["fit"]
+    typer.echo(f"{'step kind':<10} {'steps':>6} {'MAPE':>8} {'p90 |err|':>10}")
+    for kind, s in f["by_kind"].items():
+        typer.echo(f"{kind:<10} {s['n']:>6} {s['mape']:>8.2%} {s['p90_abs_error']:>10.2%}")
+    e2e = f["end_to_end"]
+    typer.echo(f"end to end: predicted {e2e['predicted_s']:.4g} s, measured {e2e['measured_s']:.4g} s, "
+               f"error {e2e['error']:+.2%}; MAPE {f['mape']:.2%} over {f['n']} steps")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FLA = importlib.util.find_spec("fla") is not None
 BACKENDS = ("auto", "naive", "fused")
+REFERENCE_ONLY = ("extend_attention", "conv1d_prefill")  # no Triton version yet: always the torch reference
 
 _backend = os.environ.get("POOLSIM_KERNELS", "auto")
 if _backend not in BACKENDS:
@@ -43,6 +44,8 @@ def use_backend(name: str):
 
 def implementation(op: str, tensor) -> str:
     """The backend ``op`` runs with for data on ``tensor``'s device."""
+    if op in REFERENCE_ONLY:
+        return "naive"
     if _backend != "auto":
         return _backend
     fused_ok = HAS_TRITON and (HAS_FLA or op != "kda_prefill")
@@ -95,11 +98,25 @@ def kda_prefill(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seql
                                  has_initial_state, scale, chunk_size)
 
 
+def extend_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale=None):
+    """See ``kernels.ops.extend_attention.naive.extend_attention`` (torch reference only for now)."""
+    return _op("extend_attention", q)(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
+                                      extend_lens, sm_scale)
+
+
+def conv1d_prefill(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state=None, activation="silu"):
+    """See ``kernels.ops.conv1d_prefill.naive.conv1d_prefill`` (torch reference only for now)."""
+    return _op("conv1d_prefill", x)(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state,
+                                    activation)
+
+
 __all__ = [
     "HAS_FLA",
     "HAS_TRITON",
+    "conv1d_prefill",
     "conv1d_update",
     "decode_attention",
+    "extend_attention",
     "implementation",
     "kda_decode",
     "kda_prefill",

@@ -126,12 +126,16 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
              progress: Callable | None = None, max_concurrency: int | None = None,
-             token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e") -> RunResult:
+             token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
+             replay=None) -> RunResult:
     """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
     ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
     ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
     also return when each output token landed (per-token ITL). ``slo_p99_s``/``slo_on``: a p99 latency target
-    (e2e or ttft) the verdict checks (sim/summary.py)."""
+    (e2e or ttft) the verdict checks (sim/summary.py). ``replay`` (kernels.replay): the same simulation with the
+    pools on ``replay.device`` and a step-time hook ``replay.step_time(clock, servers)`` that measures each step
+    and returns the clock's time (the schedule is unchanged); ``replay.mamba_config`` sizes the device state
+    tensors. None: the plain simulation."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     if slo_on not in SLO_METRICS:
@@ -146,11 +150,15 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
                          "`poolsim plan` sizes both pools")
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
+    device = None
+    if replay is not None:
+        device, mamba = replay.device, replay.mamba_config(mamba)
     recorder = Recorder()
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
-                            recorder=recorder, replica=i) for i in range(args.dp_size)]
+                            recorder=recorder, replica=i, device=device) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
-    sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
+    step_fn = clock if replay is None else replay.step_time(clock, servers)
+    sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
     sim.run(trace)

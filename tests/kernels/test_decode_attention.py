@@ -137,3 +137,20 @@ def test_decode_attention_bf16_gpu(kind):
     ref = naive.decode_attention(q.float(), kb.float(), vb.float(), table, rows, lens, sm_scale=scale)
     out = fused("decode_attention").decode_attention(q, kb, vb, table, rows, lens, sm_scale=scale)
     assert_close("o", ref, out.float(), 1e-2)
+
+
+def test_fp32_q_over_a_half_cache_is_cast_to_the_cache_dtype():
+    """An fp32 q with an fp16 KV cache (fp16: bf16's role on the CPU interpreter) runs as SGLang's: q cast to the
+    cache dtype, o back in q's dtype; it equals the reference on the cast q."""
+    from kernels.ops.decode_attention import naive
+
+    torch.manual_seed(3)
+    kb = torch.randn(12, 2, 16, device=DEVICE).half()
+    vb = torch.randn(12, 2, 16, device=DEVICE).half()
+    table = torch.arange(12, dtype=torch.int32, device=DEVICE).reshape(2, 6)
+    q = torch.randn(2, 4, 16, device=DEVICE)
+    rows, lens = torch.tensor([0, 1], device=DEVICE), torch.tensor([5, 6], device=DEVICE)
+    out = fused("decode_attention").decode_attention(q, kb, vb, table, rows, lens)
+    assert out.dtype == torch.float32
+    ref = naive.decode_attention(q.half(), kb, vb, table, rows, lens)
+    assert_close("o", ref.float(), out, 2e-3)

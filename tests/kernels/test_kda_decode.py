@@ -166,3 +166,23 @@ def test_references_match_fla_fused_recurrent(lens):
         ref = prefill_naive.kda_prefill(q, k, v, a, b, A_log, dt_bias, ref_pool, slots, cu, chunk_size=4)
     assert_close("o", ref, o[0], 1e-5)
     assert_close("state", ref_pool, fla_pool, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_state_pool(dtype):
+    """A bf16/fp16 state pool (``--mamba-ssm-dtype``): fp32 math, the state rounded on store, as the reference."""
+    from kernels.ops.kda_decode import naive
+
+    torch.manual_seed(5)
+    n, h, kd = 3, 2, 16
+    q, k, v = (torch.randn(n, h, kd, device=DEVICE) for _ in range(3))
+    a, b = torch.randn(n, h * kd, device=DEVICE), torch.randn(n, h, device=DEVICE)
+    A_log, dt_bias = torch.rand(h, device=DEVICE), torch.rand(h * kd, device=DEVICE)
+    pool = torch.randn(6, h, kd, kd, device=DEVICE).to(dtype)
+    ref_pool = pool.clone()
+    slots = torch.tensor([1, -1, 4], device=DEVICE)
+    o = fused("kda_decode").kda_decode(q, k, v, a, b, A_log, dt_bias, pool, slots)
+    ref = naive.kda_decode(q, k, v, a, b, A_log, dt_bias, ref_pool, slots)
+    assert_close("o", ref, o, 1e-4)
+    assert pool.dtype == dtype
+    assert_close("state", ref_pool.float(), pool.float(), 1e-2)  # one rounding of the same fp32 value

@@ -192,11 +192,14 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     MHA/GQA: q ``[N, Hq, DK]``, k_buffer ``[rows, Hkv, DK]``, v_buffer ``[rows, Hkv, DV]``, Hq a multiple of Hkv.
     MLA absorbed: q ``[N, H, kv_lora_rank + rope]``, k_buffer = kv_buffer ``[rows, 1, lora + rope]``,
     v_buffer = ``kv_buffer[..., :kv_lora_rank]``; pass ``sm_scale`` = (qk_nope + qk_rope)^-1/2.
-    req_to_token int32 ``[rows, max_ctx]``; req_pool_indices, seq_lens ``[N]``. Returns o ``[N, Hq, DV]`` in q's
-    dtype; a request with seq_len 0 gets zeros. ``sm_scale`` defaults to DK^-1/2; ``num_kv_splits`` (split-K
+    req_to_token int32 ``[rows, max_ctx]``; req_pool_indices, seq_lens ``[N]``. q is cast to the KV dtype first
+    (as SGLang does); returns o ``[N, Hq, DV]`` in q's dtype; a request with seq_len 0 gets zeros. ``sm_scale`` defaults to DK^-1/2; ``num_kv_splits`` (split-K
     pieces per request) defaults to enough programs to fill the GPU.
     """
     check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
     scale = q.shape[2] ** -0.5 if sm_scale is None else sm_scale
-    return decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
-                                num_kv_splits)
+    # SGLang casts q to the KV cache's dtype (an fp32 q over a bf16 cache); the output keeps q's dtype
+    kv_dtype = k_buffer.dtype if k_buffer.is_floating_point() else q.dtype
+    o = decode_attention_fwd(q.to(kv_dtype), k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
+                             num_kv_splits)
+    return o.to(q.dtype)

@@ -1,4 +1,5 @@
-"""Triton KDA decode step, in place on the SGLang state pool ``[slots, HV, V, K]`` fp32 (K contiguous).
+"""Triton KDA decode step, in place on the SGLang state pool ``[slots, HV, V, K]`` (K contiguous; fp32 by default,
+bf16/fp16 with ``--mamba-ssm-dtype``: the state is updated in fp32 and rounded on store).
 
 Grid ``(N * HV, cdiv(V, BV))``: a program owns a ``[BV, K]`` tile of one request-head state (whole key
 rows, so the gate, the L2 norms and ``S^T k`` need no cross-program reduction), reads it once and writes
@@ -52,7 +53,7 @@ def _kda_decode_kernel(
     p_s = state + slot * stride_slot + hv * (V * K) + ov[:, None] * K + ok[None, :]
     mask_s = mask_v[:, None] & mask_k[None, :]
     if slot >= 0:
-        S = tl.load(p_s, mask=mask_s, other=0.0)  # [BV, BK]: rows v, columns k
+        S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)  # [BV, BK]: rows v, columns k; fp32 math
     else:
         S = tl.zeros([BV, BK], dtype=tl.float32)
     S = S * decay[None, :]
@@ -61,7 +62,7 @@ def _kda_decode_kernel(
     out = tl.sum(S * bq[None, :], 1)
     tl.store(o + n * stride_on + hv * stride_oh + ov, out.to(o.dtype.element_ty), mask=mask_v)
     if slot >= 0:
-        tl.store(p_s, S, mask=mask_s)
+        tl.store(p_s, S.to(state.dtype.element_ty), mask=mask_s)
 
 
 def default_config(kd: int, vd: int) -> tuple[int, int]:
@@ -75,7 +76,8 @@ def kda_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, scal
                    block_v: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     n, h, kd = q.shape
     hv, vd = v.shape[1], v.shape[2]
-    check(ssm_states.dtype == torch.float32, f"ssm_states must be float32, got {ssm_states.dtype}")
+    check(ssm_states.dtype in (torch.float32, torch.bfloat16, torch.float16),
+          f"ssm_states must be float32, bfloat16 or float16 (--mamba-ssm-dtype), got {ssm_states.dtype}")
     check(ssm_states.stride()[1:] == (vd * kd, kd, 1), "each ssm_states slot must be a contiguous [HV, V, K] block")
     for name, t in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         check(t.stride(-1) == 1, f"{name}: last dimension must be contiguous")
@@ -103,7 +105,7 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     q, k ``[N, H, K]`` (L2-normalised in the kernel; q scaled by ``scale``, default K^-1/2); v ``[N, HV, V]``;
     a ``[N, HV*K]`` raw gate, ``g = -exp(A_log[h]) * softplus(a + dt_bias[h, :])`` (threshold 20);
     b ``[N, HV]`` raw beta logits (``beta = sigmoid(b)``); A_log ``[HV]``; dt_bias ``[HV*K]``;
-    ssm_states ``[slots, HV, V, K]`` fp32; slot_indices ``[N]``, a slot < 0 starts from a zero state and is not
+    ssm_states ``[slots, HV, V, K]`` fp32 (or bf16/fp16); slot_indices ``[N]``, a slot < 0 starts from a zero state and is not
     stored. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
     """
     n, _, kd, _, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)

@@ -1,0 +1,165 @@
+"""poolsim calibrate / validate: the trace through torch pools and the stand-in forward on the CPU, the pool
+cross-check, the fit against a synthetic timer with known coefficients, the file round trip into ``run``."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+
+torch = pytest.importorskip("torch")
+
+from kernels import calibrate as cal  # noqa: E402
+from kernels.replay import DeviceReplay, PoolMismatch, ReferenceRun, ReplayOptions  # noqa: E402
+from kernels.standin import select_layers  # noqa: E402
+from pools.model_config import ModelConfig  # noqa: E402
+
+runner = CliRunner()
+SMALL = ["--max-total-tokens", "16000", "--context-length", "4096"]
+
+
+def _trace(path, *args):
+    res = runner.invoke(app, ["trace", "generate", str(path), *args])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_trace(tmp_path_factory):
+    """14 short chats (prompts 30-900 tokens, 6-16 outputs): ~90 steps, a few seconds per replay."""
+    return _trace(tmp_path_factory.mktemp("trace") / "chat.jsonl", "--sessions", "8", "--rate", "6", "--turns",
+                  "uniform:1,2", "--system-prompt-len", "300", "--input-len", "uniform:30,600", "--output-len",
+                  "uniform:6,16", "--think-time", "0.2")
+
+
+def test_select_layers_unit_scales_each_kind():
+    # Kimi-Linear: layer 0 is KDA + dense MLP; 19 more KDA + MoE layers (first: 1); 7 MLA + MoE (first: 3)
+    run, scale = select_layers(ModelConfig.load("kimi-linear-48b-a3b"), "unit")
+    assert run == [0, 1, 3]
+    assert scale == {0: 1.0, 1: 19.0, 3: 7.0}
+    run, scale = select_layers(ModelConfig.load("llama-3.1-8b"), "2")
+    assert run == [0, 1] and scale == {0: 16.0, 1: 16.0}
+    assert len(select_layers(ModelConfig.load("llama-3.1-8b"), "full")[0]) == 32
+    with pytest.raises(ValueError, match="--layers"):
+        select_layers(ModelConfig.load("llama-3.1-8b"), "zero")
+
+
+def test_fit_recovers_known_coefficients(tmp_path):
+    """The fit alone on a numpy simulation's steps: long shared prompts and 10-80 token answers give decode
+    steps whose KV read varies by half the weights, and prefills from 200 to 1,500 tokens."""
+    from sim.run import simulate
+    from sim.step_time import ModelCost
+    from tests.calibrate.util import load, server
+
+    trace = _trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
+                   "--system-prompt-len", "3000", "--input-len", "uniform:200,1500", "--output-len", "uniform:10,80")
+    model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=80000, context_length=8192)
+    ref = ReferenceRun()
+    res = simulate(load(trace), model, gpu, args, replay=ref)
+    cost = ModelCost.from_model(model, gpu, res.plan)
+    truth = cal.synthetic_truth()
+    timer = cal.SyntheticTimer(cost, truth, noise=0.01, seed=0)
+    measured = np.array([timer(s) for s in ref.shapes])
+    held = cal.heldout_mask(len(measured))
+    fit = cal.fit(cost, ref.shapes, measured, train=~held)
+    assert fit.fitted == ["mfu", "bw_efficiency", "overhead_s"]
+    assert fit.fixed == ["link_bandwidth", "allreduce_latency_s"]  # tp 1: no all-reduce to learn them from
+    for name in fit.fitted:
+        assert abs(getattr(fit.coefficients, name) / getattr(truth, name) - 1) < 0.05, name
+    pred = cal.predict(cost, fit.coefficients, ref.shapes)
+    report = cal.fit_report([s.kind for s in ref.shapes], pred, measured, held)
+    assert report["mape_heldout"] <= 0.04 and report["n_heldout"] == held.sum() > 0
+
+
+def test_heldout_blocks_are_contiguous():
+    m = cal.heldout_mask(16)  # 8 blocks of 2: blocks 2 and 6 are steps 4-5 and 12-13
+    assert np.flatnonzero(m).tolist() == [4, 5, 12, 13]
+
+
+def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
+    out = tmp_path / "cal"
+    args = ["--model", "kimi-linear-48b-a3b", "--gpu", "H200", *SMALL]
+    res = runner.invoke(app, ["calibrate", str(chat_trace), *args, "--device", "cpu", "--tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((out / "calibration.json").read_text())
+    assert rec["phase"] == "done" and rec["fixture_only"] is True
+    assert rec["pool_check"]["mismatches"] == 0
+    assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 50
+    assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
+    assert rec["layers"]["run"] == [0, 1, 3]
+    for key in ("device", "date", "commit", "model", "server_args", "coefficients", "wall_s"):
+        assert rec[key] is not None, key
+    assert rec["device"]["torch"] == torch.__version__
+    # a memory-bound MoE model: no step is compute bound, so MFU is not identifiable and stays put
+    assert rec["fit"]["fitted"] == ["bw_efficiency", "overhead_s"]
+    assert all(abs(err) < 0.05 for err in rec["fit"]["recovery"].values())
+    assert rec["fit"]["mape_heldout"] <= 0.04 < rec["fit"]["before"]["mape_heldout"]
+    steps = (out / "steps.csv").read_text().splitlines()
+    assert steps[0].startswith("step,kind,batch_size") and len(steps) == rec["replay"]["measured"] + 1
+    # the replayed schedule is `poolsim run`'s, byte for byte
+    run_dir = tmp_path / "run"
+    res = runner.invoke(app, ["run", str(chat_trace), *args, "--quiet", "--out", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    assert (out / "replay_steps.csv").read_bytes() == (run_dir / "steps.csv").read_bytes()
+    # the file round trip: run uses the fitted coefficients and says where they came from
+    res = runner.invoke(app, ["run", str(chat_trace), *args, "--quiet", "--calibration", str(out / "calibration.json"),
+                              "--out", str(tmp_path / "run2")])
+    assert res.exit_code == 0, res.output
+    assert "step time calibrated from" in res.output and "CPU test fixture" in res.output
+    run2 = json.loads((tmp_path / "run2" / "run.json").read_text())
+    assert f"calibration {out / 'calibration.json'}" in run2["step_time_model"]
+    bw = rec["coefficients"]["bw_efficiency"]
+    assert f"HBM efficiency {bw:g}" in run2["step_time_model"]
+    # validate: predicted (the file's coefficients) vs measured, without refitting
+    res = runner.invoke(app, ["validate", str(chat_trace), *args, "--calibration", str(out / "calibration.json"),
+                              "--device", "cpu", "--tiny", "--max-steps", "6", "--triton-steps", "0"])
+    assert res.exit_code == 0, res.output
+    assert "end to end: predicted" in res.output and "decode" in res.output
+
+
+def test_first_pool_mismatch_stops_the_run_naming_step_and_pool(chat_trace):
+    from pools.sizing import plan_memory
+    from sim.run import simulate
+    from tests.calibrate.util import load, server
+
+    model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=16000, context_length=4096)
+    ref = ReferenceRun()
+    simulate(load(chat_trace), model, gpu, args, replay=ref)
+    ref.digests[7]["KV allocator free list"] = "corrupted"
+    replay = DeviceReplay(model, plan_memory(model, gpu, args), ReplayOptions(device="cpu", tiny=True, max_steps=0),
+                          reference=ref.digests)
+    with pytest.raises(PoolMismatch, match="step 7: KV allocator free list differs") as e:
+        simulate(load(chat_trace), model, gpu, args, replay=replay)
+    assert e.value.step == 7 and e.value.pool == "KV allocator free list" and replay.pool_checked == 7
+
+
+def test_out_folder_with_foreign_files_is_refused(chat_trace, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    res = runner.invoke(app, ["calibrate", str(chat_trace), "--model", "llama-3.1-8b", "--gpu", "H100", *SMALL,
+                              "--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "poolsim did not write (notes.txt)" in res.output
+    assert (tmp_path / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_bad_layers_and_missing_cuda_are_one_line_errors(chat_trace, tmp_path):
+    base = ["calibrate", str(chat_trace), "--model", "llama-3.1-8b", "--gpu", "H100", *SMALL, "--out", str(tmp_path / "x")]
+    res = runner.invoke(app, base + ["--device", "cpu", "--tiny", "--layers", "0"])
+    assert res.exit_code == 2 and "--layers '0'" in res.output
+    if not torch.cuda.is_available():
+        res = runner.invoke(app, base + ["--device", "cuda:0"])
+        assert res.exit_code == 2 and "no CUDA device" in res.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.gpu
+def test_calibrate_on_cuda_tiny(chat_trace, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "gpu"
+    res = runner.invoke(app, ["calibrate", str(chat_trace), "--model", "kimi-linear-48b-a3b", "--gpu", "H200", *SMALL,
+                              "--device", "cuda:0", "--tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((out / "calibration.json").read_text())
+    assert rec["pool_check"]["mismatches"] == 0 and rec["device"]["sm_count"] > 0

@@ -1,0 +1,77 @@
+"""extend_attention and conv1d_prefill: the prefill ops the device replay runs, checked by hand and against the
+decode ops applied one token at a time."""
+
+import torch
+
+import kernels
+from kernels.ops.conv1d_prefill.naive import conv1d_prefill
+from kernels.ops.conv1d_update.naive import conv1d_update
+from kernels.ops.decode_attention.naive import decode_attention
+from kernels.ops.extend_attention.naive import extend_attention
+from tests.kernels.utils import DEVICE
+
+
+def test_conv1d_prefill_hand():
+    # width 2, weight [0.5, 1.0], state [2], tokens [1, 3], no bias, no activation:
+    #   y0 = 0.5*2 + 1*1 = 2.0;  y1 = 0.5*1 + 1*3 = 3.5;  state <- [3]
+    state = torch.tensor([[[0.0]], [[2.0]]], device=DEVICE)
+    y = conv1d_prefill(torch.tensor([[1.0], [3.0]], device=DEVICE), state, torch.tensor([[0.5, 1.0]], device=DEVICE),
+                       None, torch.tensor([1], device=DEVICE), torch.tensor([0, 2], device=DEVICE), None, None)
+    assert y.flatten().tolist() == [2.0, 3.5]
+    assert state.flatten().tolist() == [0.0, 3.0]
+    # without an initial state the window starts from zeros: y0 = 1, y1 = 3.5
+    y = conv1d_prefill(torch.tensor([[1.0], [3.0]], device=DEVICE), state, torch.tensor([[0.5, 1.0]], device=DEVICE),
+                       None, torch.tensor([1], device=DEVICE), torch.tensor([0, 2], device=DEVICE),
+                       torch.tensor([False], device=DEVICE), None)
+    assert y.flatten().tolist() == [1.0, 3.5]
+
+
+def test_conv1d_prefill_equals_token_by_token_updates():
+    torch.manual_seed(0)
+    dim, width, lens, slots = 6, 4, [5, 1, 3], [3, -1, 1]
+    x = torch.randn(sum(lens), dim, device=DEVICE)
+    weight, bias = torch.randn(dim, width, device=DEVICE), torch.randn(dim, device=DEVICE)
+    state = torch.randn(5, dim, width - 1, device=DEVICE)
+    ref_state = state.clone()
+    cu = torch.tensor([0, 5, 6, 9], device=DEVICE)
+    y = kernels.conv1d_prefill(x, state, weight, bias, torch.tensor(slots, device=DEVICE), cu)
+    pad = torch.zeros(1, dim, width - 1, device=DEVICE)
+    start = 0
+    for n, s in zip(lens, slots):
+        for t in range(start, start + n):
+            if s >= 0:
+                want = conv1d_update(x[t:t + 1], ref_state, weight, bias, torch.tensor([s], device=DEVICE))
+            else:  # padding: every token of the sequence sees only the tokens before it, from zeros
+                want = conv1d_update(x[t:t + 1], pad, weight, bias, torch.tensor([0], device=DEVICE))
+            torch.testing.assert_close(y[t], want[0], rtol=1e-5, atol=1e-5)
+        start += n
+    torch.testing.assert_close(state, ref_state)  # slot 0, 2, 4 untouched; 1 and 3 hold the last W-1 inputs
+
+
+def test_extend_attention_equals_decode_per_token():
+    torch.manual_seed(1)
+    rows, hkv, group, dk, dv = 40, 2, 2, 8, 8
+    k_buf, v_buf = torch.randn(rows, hkv, dk, device=DEVICE), torch.randn(rows, hkv, dv, device=DEVICE)
+    req_to_token = torch.zeros(4, 16, dtype=torch.int32, device=DEVICE)
+    req_to_token[1, :9] = torch.randperm(rows - 1)[:9].int() + 1
+    req_to_token[3, :4] = torch.randperm(rows - 1)[:4].int() + 1
+    pool_idx, prefix, extend = [3, 1], [0, 6], [4, 3]
+    q = torch.randn(sum(extend), hkv * group, dk, device=DEVICE)
+    o = kernels.extend_attention(q, k_buf, v_buf, req_to_token, torch.tensor(pool_idx, device=DEVICE),
+                                 torch.tensor(prefix, device=DEVICE), torch.tensor(extend, device=DEVICE))
+    t = 0
+    for row, p, e in zip(pool_idx, prefix, extend):
+        for j in range(e):  # token j of the new part sees p + j + 1 keys
+            want = decode_attention(q[t:t + 1], k_buf, v_buf, req_to_token, torch.tensor([row], device=DEVICE),
+                                    torch.tensor([p + j + 1], device=DEVICE))
+            torch.testing.assert_close(o[t], want[0], rtol=1e-5, atol=1e-5)
+            t += 1
+
+
+def test_extend_attention_rejects_a_short_q():
+    import pytest
+
+    buf = torch.zeros(8, 1, 4)
+    with pytest.raises(ValueError, match="extends 3"):
+        extend_attention(torch.zeros(2, 1, 4), buf, buf, torch.zeros(2, 8, dtype=torch.int32), torch.tensor([1]),
+                         torch.tensor([0]), torch.tensor([3]))
