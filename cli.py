@@ -209,14 +209,16 @@ def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
     return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
 
 
-def _progress(total: int, quiet: bool):
-    """A rich progress bar over finished requests; the callback and the context to close it."""
+def _progress(total: int, quiet: bool, unit: str = "requests"):
+    """A rich progress bar over finished requests (or sweep configurations); the callback and the context to
+    close it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if quiet:
         return None, None
-    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                   TextColumn("sim t={task.fields[t]:.1f} s"), TimeElapsedColumn(), transient=True)
+    sim_time = [TextColumn("sim t={task.fields[t]:.1f} s")] if unit == "requests" else []
+    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                   *sim_time, TimeElapsedColumn(), transient=True)
     task = bar.add_task("run", total=total, t=0.0)
     return (lambda done, t: bar.update(task, completed=done, t=t)), bar
 
@@ -351,6 +353,10 @@ def sweep(
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel simulations (default: CPU count)."),
+    ray: bool = typer.Option(False, "--ray", help="Run the configurations as tasks on Ray (pip install "
+                                                  "'poolsim[ray]'): the cluster in RAY_ADDRESS, else a local one."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join (auto, "
+                                              "HOST:PORT, ray://HOST:PORT); implies --ray."),
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy"),
     out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
     as_json: bool = typer.Option(False, "--json"),
@@ -377,13 +383,14 @@ def sweep(
         if base.get("gpu") is None and "gpu" not in axes:
             raise ValueError("--gpu (or --grid gpu=...) is required")
         path = str(trace or DEFAULT_TRACE)
-        callback, bar = _progress(0, as_json)
+        callback, bar = _progress(0, as_json, unit="configurations")
         if bar is not None:
             bar.update(bar.task_ids[0], total=1)
             bar.start()
             callback = (lambda done, total, cb=callback: (bar.update(bar.task_ids[0], total=total), cb(done, 0.0)))
         try:
-            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback)
+            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback,
+                              ray=ray_address or ray)
         finally:
             if bar is not None:
                 bar.stop()
@@ -401,18 +408,33 @@ def sweep(
             shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
             plot_frontier(shown, slo_s=slo_p99_s).savefig(out / "frontier.png", dpi=120)
     if as_json:
-        typer.echo(json.dumps({"configs": table.to_dict("records"),
+        records = table.astype(object).where(table.notna(), None).to_dict("records")  # NaN/NA -> null
+        typer.echo(json.dumps({"configs": records,
                                "cheapest_meeting_slo": None if best is None else best["label"]},
                               indent=2, default=float))
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
                         "aborted", "binding_pool", "cost", "error") if c in table.columns]
-    typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+    shown = table[cols].astype(object).apply(lambda col: col.map(_cell))  # counts as integers, floats .2f, gaps -
+    typer.echo(shown.to_string(index=False))
     if slo_p99_s is not None:
         typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: "
                    + ("none" if best is None else best["label"]))
     if out is not None:
         typer.echo(f"wrote {out}/sweep.csv" + (f" and {out}/frontier.png" if (out / "frontier.png").exists() else ""))
+
+
+def _cell(value) -> str:
+    """A sweep table cell: counts as integers, other numbers to 2 decimals, a refused configuration's gaps as -."""
+    import numbers
+
+    import pandas as pd
+
+    if pd.isna(value):
+        return "-"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return f"{value:,}"
+    return f"{value:,.2f}" if isinstance(value, numbers.Real) and not isinstance(value, bool) else str(value)
 
 
 @app.command()
