@@ -18,7 +18,7 @@ from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
 from sim.engine import Simulation
-from sim.metrics import Recorder
+from sim.metrics import CHUNK_ROWS, Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
 from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
@@ -117,11 +117,13 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None) -> RunResult:
+             progress: Callable | None = None, stream_dir=None, table_format: str = "csv",
+             chunk_rows: int = CHUNK_ROWS) -> RunResult:
+    """``stream_dir``: also write the step table there (steps.csv / steps.parquet) chunk by chunk as it runs."""
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
-    recorder = Recorder()
+    recorder = Recorder(stream_dir, table_format, chunk_rows)
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration)
