@@ -362,7 +362,7 @@ def sweep(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
-    from sim.sweep import cheapest_meeting, parse_grid, run_sweep
+    from sim.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
     from traces import DEFAULT_TRACE
 
     try:
@@ -398,6 +398,8 @@ def sweep(
         _fail(e)
     best = (cheapest_meeting(table, slo_p99_s, slo_on) if slo_p99_s is not None and "p99_latency_s" in table
             else None)
+    if slo_p99_s is not None and "p99_latency_s" in table:
+        table.insert(table.columns.get_loc("error"), "meets_slo", meets_slo(table, slo_p99_s, slo_on))
     if out is not None:
         from reports.plots import plot_frontier
 
@@ -414,7 +416,7 @@ def sweep(
                               indent=2, default=float))
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
-                        "aborted", "binding_pool", "cost", "error") if c in table.columns]
+                        "aborted", "binding_pool", "cost", "meets_slo", "error") if c in table.columns]
     shown = table[cols].astype(object).apply(lambda col: col.map(_cell))  # counts as integers, floats .2f, gaps -
     typer.echo(shown.to_string(index=False))
     if slo_p99_s is not None:
@@ -430,6 +432,8 @@ def _cell(value) -> str:
 
     import pandas as pd
 
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if pd.isna(value):
         return "-"
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

@@ -171,11 +171,17 @@ def _run_one_shipped(trace_bytes: bytes, name: str, rest: tuple) -> dict:
         return _run_one((str(path), *rest))
 
 
-def cheapest_meeting(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series | None:
-    """The cheapest configuration (by cost, else by GPU count) whose p99 latency (``e2e`` or ``ttft``) meets
-    the SLO with no aborts; ties go to the higher throughput."""
+def meets_slo(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series:
+    """True for the configurations that ran with no aborts and whose p99 latency (``e2e`` or ``ttft``) is within
+    the SLO."""
     column = {"e2e": "p99_latency_s", "ttft": "p99_ttft_s"}[metric]
-    ok = sweep[(sweep["error"] == "") & sweep["aborted"].fillna(1).eq(0) & (sweep[column] <= slo_p99_s)]
+    return ((sweep["error"] == "") & sweep["aborted"].fillna(1).eq(0) & (sweep[column] <= slo_p99_s)).astype(bool)
+
+
+def cheapest_meeting(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series | None:
+    """The cheapest configuration (by cost, else by GPU count) that meets the SLO; ties go to the higher
+    throughput."""
+    ok = sweep[meets_slo(sweep, slo_p99_s, metric)]
     if ok.empty:
         return None
     key = "cost" if "cost" in ok.columns and ok["cost"].notna().all() else "gpus"

@@ -114,3 +114,22 @@ def test_sweep_table_prints_counts_as_integers():
     rows = {r["label"]: r for r in json.loads(res.output)["configs"]}
     assert rows["tp=1"]["gpus"] == 1 and isinstance(rows["tp=1"]["retractions"], int)
     assert rows["tp=3"]["gpus"] is None and rows["tp=3"]["throughput_tok_s"] is None  # null, not NaN
+
+
+def test_the_readme_sweep_example_shows_a_cheapest_passing_configuration():
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    command = re.search(r"poolsim (sweep [^#]*?)#", readme.replace("\\\n", " "), re.S).group(1)
+    argv = [a for a in shlex.split(command) if a]
+    argv = argv[:argv.index("--out")] + argv[argv.index("--out") + 2:]  # no files from a test
+    res = CliRunner().invoke(app, argv + ["--json", "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    verdicts = [r["meets_slo"] for r in out["configs"]]
+    assert any(verdicts) and not all(verdicts)  # a grid where some configurations pass and some do not
+    assert any(r["error"] for r in out["configs"])  # and SGLang refuses one
+    cheapest = [r for r in out["configs"] if r["label"] == out["cheapest_meeting_slo"]][0]
+    assert cheapest["meets_slo"] and cheapest["cost"] == min(r["cost"] for r in out["configs"] if r["meets_slo"])
