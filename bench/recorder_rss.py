@@ -21,6 +21,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200_000)
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the poolsim checkout to run")
     ap.add_argument("--out", help="also write the run folder's tables here (steps.csv, requests.csv)")
+    ap.add_argument("--stream", choices=("csv", "parquet"), help="stream the step table to a temporary folder "
+                    "during the run (simulate(stream_dir=...); the columnar recorder only)")
     opts = ap.parse_args()
     sys.path.insert(0, opts.root)
     from pools.gpu_catalog import get_gpu
@@ -35,7 +37,8 @@ def main() -> None:
         trace = load_trace(path)
         rss0 = _peak_mib()
         t0 = time.process_time()
-        r = simulate(trace, ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
+        stream = {"stream_dir": tmp, "table_format": opts.stream} if opts.stream else {}
+        r = simulate(trace, ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs(), **stream)
         cpu = time.process_time() - t0
         rss1 = _peak_mib()
         if opts.out:
@@ -43,7 +46,7 @@ def main() -> None:
 
             write_run(opts.out, r.steps, r.requests, r.summary, r.run)
         rss2 = _peak_mib()
-    print(f"root {opts.root}")
+    print(f"root {opts.root}" + (f", step table streamed as {opts.stream}" if opts.stream else ""))
     print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; peak RSS: "
           f"{rss0:.0f} MiB before the run, {rss1:.0f} MiB after it, {rss2:.0f} MiB after writing")
 

@@ -57,12 +57,12 @@ def test_sweep_command(tmp_path):
 SMALL_GRID = (["tp=1,3", "page_size=1,16"], {"model": "llama-3.1-8b", "gpu": "H100"})
 
 
-def _small_sweep(**kw):
+def _small_sweep(grid=SMALL_GRID[0], **kw):
     from sim.sweep import run_sweep
     from traces import DEFAULT_TRACE
 
     calls = []
-    table = run_sweep(str(DEFAULT_TRACE), SMALL_GRID[1], parse_grid(SMALL_GRID[0]), {"H100": 2.5},
+    table = run_sweep(str(DEFAULT_TRACE), SMALL_GRID[1], parse_grid(grid), {"H100": 2.5},
                       progress=lambda done, total: calls.append((done, total)), **kw)
     return table, calls
 
@@ -78,15 +78,17 @@ def test_progress_counts_configurations_and_rows_keep_grid_order():
 
 def test_sweep_on_ray_gives_the_local_table():
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'poolsim[ray]')")
-    local, _ = _small_sweep(workers=1)
+    grid = ["tp=3,1", "page_size=16"]  # a refused configuration first, then one that runs
+    local, _ = _small_sweep(grid, workers=1)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        on_ray, calls = _small_sweep(ray=True)
+        on_ray, calls = _small_sweep(grid, ray=True)
     finally:
         ray.shutdown()
-    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert calls == [(1, 2), (2, 2)]
     pd.testing.assert_frame_equal(on_ray, local)  # every number, every error string, the same order
-    assert (local["error"] == "").sum() == 2
+    assert on_ray["label"].tolist() == ["tp=3 page=16", "tp=1 page=16"]
+    assert on_ray["error"].tolist()[1] == "" and on_ray["throughput_tok_s"].tolist()[1] > 0
 
 
 def test_ray_missing_is_a_one_line_error(monkeypatch):
