@@ -35,20 +35,23 @@ def main() -> None:
         path = Path(tmp) / "trace.jsonl"
         _generate(path, opts.requests)
         trace = load_trace(path)
-        rss0 = _peak_mib()
+        rss0 = _rss_mib()
+        _reset_peak()
         t0 = time.process_time()
         stream = {"stream_dir": tmp, "table_format": opts.stream} if opts.stream else {}
         r = simulate(trace, ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs(), **stream)
         cpu = time.process_time() - t0
         rss1 = _peak_mib()
+        tables = (r.steps.memory_usage(deep=True).sum() + r.requests.memory_usage(deep=True).sum()) / 2**20
         if opts.out:
             from sim.output import write_run
 
             write_run(opts.out, r.steps, r.requests, r.summary, r.run)
         rss2 = _peak_mib()
     print(f"root {opts.root}" + (f", step table streamed as {opts.stream}" if opts.stream else ""))
-    print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; peak RSS: "
-          f"{rss0:.0f} MiB before the run, {rss1:.0f} MiB after it, {rss2:.0f} MiB after writing")
+    print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; RSS {rss0:.0f} MiB before "
+          f"the run (trace loaded), peak {rss1:.0f} MiB during it, {rss2:.0f} MiB with writing; "
+          f"the step and request frames: {tables:.0f} MiB")
 
 
 def _generate(path: Path, n: int) -> None:
@@ -64,7 +67,28 @@ def _generate(path: Path, n: int) -> None:
 
 
 def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak RSS since the last _reset_peak (VmHWM), else since the process started."""
+    try:
+        return _status("VmHWM")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mib() -> float:
+    return _status("VmRSS")
+
+
+def _status(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+def _reset_peak() -> None:
+    try:  # Linux: "5" resets VmHWM to the current RSS, so the peak is the run's, not the trace generator's
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
