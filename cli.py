@@ -6,12 +6,16 @@ import functools
 import inspect
 import json
 import math
+import sys
+import time
 import typing
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from sim import ROUTERS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Capacity planner for LLM-serving memory: SGLang's pools, radix cache and scheduler, simulated.")
@@ -25,6 +29,17 @@ def version() -> None:
     typer.echo(_v("poolsim"))
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        version()
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print the poolsim version and exit.")) -> None:
+    pass
+
 
 def _fail(error: Exception) -> None:
     """Bad input: one line on stderr, exit code 2, nothing written."""
@@ -34,29 +49,61 @@ def _fail(error: Exception) -> None:
 
 # SGLang server flags shared by every command that builds a server: name -> (type, typer.Option).
 SERVER_OPTIONS = {
-    "model": (str, typer.Option(..., "--model", help="Catalog name (see `poolsim models`) or a config.json path.")),
+    "model": (str, typer.Option(..., "--model", "--model-path",
+                                help="Catalog name (see `poolsim models`) or a config.json path.")),
     "gpu": (Optional[str], typer.Option(None, "--gpu", help="Catalog name (see `poolsim gpus`).")),
-    "tp": (int, typer.Option(1, "--tp", "--tp-size")),
+    "tp": (int, typer.Option(1, "--tp", "--tp-size", help="The tensor parallelism size.")),
     "dp": (int, typer.Option(1, "--dp", "--dp-size", help="Data-parallel replicas (each with tp GPUs).")),
-    "mem_fraction_static": (Optional[float], typer.Option(None, "--mem-fraction-static")),
-    "page_size": (int, typer.Option(1, "--page-size")),
-    "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="auto|bfloat16|fp8_e4m3|fp8_e5m2")),
-    "context_length": (Optional[int], typer.Option(None, "--context-length")),
-    "max_running_requests": (Optional[int], typer.Option(None, "--max-running-requests")),
-    "max_total_tokens": (Optional[int], typer.Option(None, "--max-total-tokens")),
-    "max_prefill_tokens": (int, typer.Option(16384, "--max-prefill-tokens")),
-    "chunked_prefill_size": (Optional[int], typer.Option(None, "--chunked-prefill-size",
-                                                         help="-1 disables chunking; unset: SGLang's default.")),
-    "schedule_policy": (str, typer.Option("fcfs", "--schedule-policy", help="fcfs|lpm")),
-    "schedule_conservativeness": (float, typer.Option(1.0, "--schedule-conservativeness")),
-    "max_mamba_cache_size": (Optional[int], typer.Option(None, "--max-mamba-cache-size")),
-    "mamba_ssm_dtype": (Optional[str], typer.Option(None, "--mamba-ssm-dtype", help="float32|bfloat16|float16")),
-    "mamba_full_memory_ratio": (float, typer.Option(0.9, "--mamba-full-memory-ratio")),
-    "mamba_radix_cache_strategy": (str, typer.Option("auto", "--mamba-radix-cache-strategy")),
-    "attention_backend": (Optional[str], typer.Option(None, "--attention-backend")),
-    "disable_radix_cache": (bool, typer.Option(False, "--disable-radix-cache")),
-    "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule")),
-    "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk")),
+    "mem_fraction_static": (Optional[float], typer.Option(
+        None, "--mem-fraction-static", help="The fraction of the memory used for static allocation (model "
+        "weights and KV cache memory pool); unset: SGLang's default.")),
+    "page_size": (int, typer.Option(1, "--page-size", help="The number of tokens in a page.")),
+    "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="Data type for kv cache storage: auto "
+                                         "(the model's), bfloat16, fp8_e4m3 or fp8_e5m2.")),
+    "context_length": (Optional[int], typer.Option(None, "--context-length", help="The model's maximum context "
+                                                   "length; unset: the value from config.json.")),
+    "max_running_requests": (Optional[int], typer.Option(None, "--max-running-requests",
+                                                         help="The maximum number of running requests.")),
+    "max_total_tokens": (Optional[int], typer.Option(
+        None, "--max-total-tokens", help="The maximum number of tokens in the memory pool; unset: from the memory "
+        "fraction. Clamped to what fits.")),
+    "max_prefill_tokens": (int, typer.Option(16384, "--max-prefill-tokens",
+                                             help="The maximum number of tokens in a prefill batch.")),
+    "chunked_prefill_size": (Optional[int], typer.Option(
+        None, "--chunked-prefill-size", help="The maximum number of tokens in a chunk for the chunked prefill; "
+        "-1 disables chunking; unset: SGLang's default.")),
+    "schedule_policy": (str, typer.Option("fcfs", "--schedule-policy",
+                                          help="The scheduling policy of the requests: fcfs or lpm.")),
+    "schedule_conservativeness": (float, typer.Option(
+        1.0, "--schedule-conservativeness", help="How conservative the schedule policy is; larger: fewer "
+        "retractions.")),
+    "max_mamba_cache_size": (Optional[int], typer.Option(None, "--max-mamba-cache-size",
+                                                         help="The maximum size of the mamba cache (slots).")),
+    "mamba_ssm_dtype": (Optional[str], typer.Option(
+        None, "--mamba-ssm-dtype", help="The data type of the SSM states: float32, bfloat16 or float16; "
+        "unset: config.json's.")),
+    "mamba_full_memory_ratio": (float, typer.Option(
+        0.9, "--mamba-full-memory-ratio", help="The ratio of mamba state memory to full kv cache memory.")),
+    "mamba_radix_cache_strategy": (str, typer.Option(
+        "auto", "--mamba-radix-cache-strategy", help="The strategy to use for mamba radix cache: auto, no_buffer "
+        "or extra_buffer.")),
+    "mamba_track_interval": (int, typer.Option(256, "--mamba-track-interval", help="The interval to track the "
+                                               "mamba state during decode (extra_buffer).")),
+    "swa_full_tokens_ratio": (float, typer.Option(0.8, "--swa-full-tokens-ratio",
+                                                  help="Hybrid-SWA models: SWA pool tokens per full pool token.")),
+    "attention_backend": (Optional[str], typer.Option(None, "--attention-backend", help="Choose the kernels for "
+                                                      "attention layers; unset: SGLang's default for the GPU.")),
+    "disable_radix_cache": (bool, typer.Option(False, "--disable-radix-cache",
+                                               help="Disable RadixAttention for prefix caching.")),
+    "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule",
+                                                    help="Disable the overlap scheduler (CPU scheduling overlapped "
+                                                         "with the GPU forward).")),
+    "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk", help="Mix prefill and decode in a "
+                                              "batch when using chunked prefill.")),
+    "disable_cuda_graph": (bool, typer.Option(False, "--disable-cuda-graph", help="Disable CUDA graphs (frees the "
+                                              "memory their capture reserves).")),
+    "disable_prefill_cuda_graph": (bool, typer.Option(
+        False, "--disable-prefill-cuda-graph", help="Prefill runs eager (as SGLang 0.5.6-0.5.7 did).")),
     "runtime_overhead_gib": (Optional[float], typer.Option(
         None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
         "3.11 GiB above; from SGLang logs).")),
@@ -64,7 +111,8 @@ SERVER_OPTIONS = {
     "gpu_bandwidth_tbs": (Optional[float], typer.Option(None, "--gpu-bandwidth-tbs", help="Custom GPU: HBM TB/s.")),
     "gpu_bf16_tflops": (Optional[float], typer.Option(None, "--gpu-bf16-tflops", help="Custom GPU: dense bf16.")),
     "gpu_fp8_tflops": (Optional[float], typer.Option(None, "--gpu-fp8-tflops", help="Custom GPU: dense fp8.")),
-    "gpu_arch": (Optional[str], typer.Option(None, "--gpu-arch", help="Custom GPU: sm80|sm89|sm90|sm100|gfx942.")),
+    "gpu_arch": (Optional[str], typer.Option(None, "--gpu-arch", help="Custom GPU: sm80, sm89, sm90, sm100 or "
+                                                                      "gfx942.")),
 }
 
 
@@ -114,13 +162,10 @@ def _gpu(name, memory_gib, bandwidth_tbs, bf16_tflops, fp8_tflops, arch):
     return get_gpu(name)
 
 
-def _write_atomically(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _log_warnings(warnings) -> None:
+    """What SGLang logs as warnings for this configuration (e.g. the clamp of --max-total-tokens), on stderr."""
+    for w in warnings:
+        typer.echo(f"WARNING {w}", err=True)
 
 
 def _compare(model, gpu, args, against, against_tp, overhead, lengths):
@@ -128,12 +173,13 @@ def _compare(model, gpu, args, against, against_tp, overhead, lengths):
     from pools.sizing import compare_records, crossover_context_len, plan_memory
 
     plans = {}
-    if model.is_hybrid:
+    if model.is_hybrid or model.is_hybrid_swa:
         plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         full = model.with_full_attention()
         plans[full.name] = plan_memory(full, gpu, args, runtime_overhead_gib=overhead)
     elif against is None:
-        raise ValueError(f"--compare: {model.name} has no linear-attention layers; name a second model with --against")
+        raise ValueError(f"--compare: {model.name} has no linear-attention or SWA-pool layers; "
+                         "name a second model with --against")
     else:
         plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
     if against is not None:
@@ -162,12 +208,16 @@ def plan(
     against: Optional[str] = typer.Option(None, "--against", help="A second model for --compare."),
     against_tp: Optional[int] = typer.Option(None, "--against-tp"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the --compare plot (PNG) here."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file poolsim did not write."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """How many KV tokens, request rows and state slots SGLang 0.5.23 allocates, and what fits."""
     from pools.sizing import compare_table, max_concurrency, plan_memory
+    from sim.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
 
     try:
+        if plot is not None:
+            check_out_file(plot, force, png_by_poolsim)
         lengths = [int(x) for x in concurrency_at.split(",") if x.strip()]
         spec, card, args, runtime_overhead_gib = _server(server)
         tp = args.tp_size
@@ -179,12 +229,17 @@ def plan(
             comparison = _compare(spec, card, args, against, against_tp, runtime_overhead_gib, compare_lengths)
     except ValueError as e:
         _fail(e)
+    _log_warnings(result.warnings)
     if plot is not None:
         from reports.plan_plots import plot_plan_compare
 
         fig = plot_plan_compare(comparison["records"], comparison.get("crossover_context_len"),
                                 title=f"{spec.name} on {card.name}, tp {tp}")
-        _write_atomically(plot, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+        try:
+            write_file(plot, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                     metadata={"Software": PNG_SOFTWARE}), force, png_by_poolsim)
+        except (ValueError, OSError) as e:
+            _fail(e)
     if as_json:
         out = result.to_dict()
         out["concurrency"] = [c.__dict__ for c in concurrency]
@@ -223,19 +278,82 @@ def _progress(total: int, quiet: bool, unit: str = "requests"):
     return (lambda done, t: bar.update(task, completed=done, t=t)), bar
 
 
-def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool):
+class RunProgress:
+    """Finished requests with an ETA on stderr: a live bar on a terminal; otherwise (redirected) one plain line
+    every EVERY_S seconds, so a log shows the run is alive without filling up."""
+
+    EVERY_S = 10.0  # wall seconds between plain lines
+
+    def __init__(self, total: int, label: str, show: bool = True, first=None):
+        self.total, self.label, self.first = total, label, first  # first(): once, when the first step is done
+        self.started = self.last = time.monotonic()
+        self.bar = self.task = None
+        self.show = show
+        if show and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.bar = Progress(TextColumn(f"simulating {label}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("requests"), TextColumn("sim t={task.fields[t]:.1f} s"),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("run", total=total, t=0.0)
+
+    def __call__(self, done: int, t: float) -> None:
+        if self.first is not None:
+            self.first()
+            self.first = None
+        if not self.show:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, t=t)
+            return
+        now = time.monotonic()
+        if now - self.last < self.EVERY_S:
+            return
+        self.last = now
+        elapsed = now - self.started
+        eta = f"{elapsed * (self.total - done) / done:,.0f} s" if done else "-"
+        typer.echo(f"simulating {self.label}: {done:,}/{self.total:,} requests ({done / max(self.total, 1):.0%}), "
+                   f"sim t={t:,.1f} s, elapsed {elapsed:,.0f} s, ETA {eta}", err=True)
+
+    def __enter__(self) -> "RunProgress":
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _describe(model, gpu, args, plan, trace_info: dict) -> str:
+    """What a run simulates, printed before it starts."""
+    pools = (f"KV pool {plan.max_total_num_tokens:,} tokens (page {plan.page_size}), "
+             f"{plan.max_running_requests:,} request rows"
+             + (f", {plan.max_mamba_cache_size:,} mamba slots" if plan.max_mamba_cache_size else ""))
+    gpus = args.tp_size * args.dp_size
+    return (f"simulating {model.name} on {gpus} x {gpu.name} (tp {args.tp_size}, dp {args.dp_size}); trace "
+            f"{trace_info.get('name')} ({trace_info.get('format')}, {trace_info.get('requests', 0):,} requests); "
+            f"per replica: {pools}")
+
+
+def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, announce: bool = False):
+    from pools.sizing import plan_memory
     from sim.run import simulate
 
     model, gpu, args, overhead = _server(server)
-    callback, bar = _progress(trace_info.get("requests") or 0, quiet)
-    if bar is not None:
-        bar.start()
-    try:
+
+    def describe():  # once the server is built and stepping: every flag has passed SGLang's checks
+        plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
+        _log_warnings(plan.warnings)
+        typer.echo(_describe(model, gpu, args, plan, trace_info))
+
+    with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}", show=not quiet,
+                     first=describe if announce else None) as progress:
         return simulate(trace, model, gpu, args, trace_info=trace_info, runtime_overhead_gib=overhead,
-                        progress=callback, **opts)
-    finally:
-        if bar is not None:
-            bar.stop()
+                        progress=progress, **opts)
 
 
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
@@ -254,6 +372,24 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("end-to-end p50 / p90 / p99", " / ".join(ms(summary["e2e_s"][k]) for k in ("p50", "p90", "p99"))),
         ("prefix-cache hit rate", f"{summary['cache_hit_rate']:.1%} of prefill tokens"),
     ]
+    if "verdict_status" in summary:  # the numbers the verdict is decided on (reports/METRICS.md, "The verdict")
+        share, rate = summary["queue_wait_share_p50"], summary["arrival_rate_req_s"]
+        rows += [
+            ("verdict", summary["verdict_status"].replace("_", " ")
+             + (f" ({summary['verdict_failures'].replace(' ', ', ')})" if summary["verdict_failures"] else "")),
+            ("admission wait p50 (share of latency)",
+             f"{ms(summary['queue_wait_s']['p50'])} ({'-' if share is None else f'{share:.0%}'})"),
+            ("unfinished at the last arrival", f"{summary['backlog_at_last_arrival']:,} of {summary['requests']:,} "
+                                               f"({summary['backlog_frac_at_last_arrival']:.0%})"),
+            ("arriving / served",
+             f"{'-' if rate is None else f'{rate:,.2f}'} / {summary['throughput_req_s']:,.2f} req/s"),
+        ]
+        if summary["aborted"]:
+            rows.append(("aborted by cause", ", ".join(f"{k.replace('_', ' ')} {v:,}"
+                                                       for k, v in summary["abort_causes"].items() if v)))
+        if summary.get("slo_p99_s") is not None:
+            rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
+                                                         f"(target {ms(summary['slo_p99_s'])})"))
     for name, label in (("kv", "KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
             p = pools[name]
@@ -286,14 +422,15 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
 def run(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file (any supported format); default: the bundled trace."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = typer.Option(None, "--format",
+                                      help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines, report how many."),
     seed: int = typer.Option(0, "--seed", help="Recorded with the run; the simulation itself is deterministic."),
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
                                        help="trace (max_new_tokens = the trace's, else its output length), "
                                             "ignore_eos, or fixed:N (clients ask N; generation stops at the "
                                             "trace's output length)."),
-    router: str = typer.Option("round_robin", "--router", help="dp router: round_robin|cache_aware."),
+    router: str = typer.Option("round_robin", "--router", help=f"dp router: {' or '.join(ROUTERS)}."),
     step_time: str = typer.Option("analytic", "--step-time", help="analytic, or fixed:MILLISECONDS."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Step-time coefficients (JSON)."),
     compare_model: Optional[str] = typer.Option(None, "--compare-model",
@@ -301,23 +438,29 @@ def run(
     compare_tp: Optional[int] = typer.Option(None, "--compare-tp", help="tp for --compare-model (default: --tp)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write frames, summary and the HTML report here."),
     check: bool = typer.Option(False, "--check", help="Debug: check every pool's invariants at every step."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or both) as one JSON object."),
+    slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s); the verdict checks it."),
+    slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from pools.errors import PoolError
-    from sim.output import write_run
+    from sim.output import check_out_dir, publish_dir, write_run_files
+    from sim.run import check_router
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
-                calibration=str(calibration) if calibration else None, check=check)
+                calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
+                slo_on=slo_on)
     try:
+        check_router(router)
+        out_state = None if out is None else check_out_dir(out)  # before the (long) simulation
         loaded = _load_trace(trace, fmt, skip_bad_lines)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
                 "requests": len(loaded), "skipped_lines": loaded.skipped_lines}
-        results = [("primary", _simulate(loaded, server, opts, info, quiet or as_json))]
+        results = [("primary", _simulate(loaded, server, opts, info, quiet or as_json, not as_json))]
         if compare_model:
             other = dict(server, model=compare_model, tp=compare_tp or server["tp"], max_mamba_cache_size=None)
-            results.append(("compare", _simulate(loaded, other, opts, info, quiet or as_json)))
+            results.append(("compare", _simulate(loaded, other, opts, info, quiet or as_json, not as_json)))
     except (ValueError, OSError) as e:
         _fail(e)
     except (RuntimeError, PoolError) as e:  # OutOfMemoryError, MambaCapacityError: SGLang fails loudly here too
@@ -326,20 +469,28 @@ def run(
     if out is not None:
         from reports.html import render_comparison, render_report
 
-        dirs = [out] if len(results) == 1 else [out / "primary", out / "compare"]
-        for d, (_, r) in zip(dirs, results):
-            write_run(d, r.steps, r.requests, r.summary, r.run, extra=lambda tmp: render_report(tmp))
-        if len(dirs) > 1:
-            render_comparison(dirs, out)
+        try:
+            with publish_dir(out) as tmp:
+                dirs = [tmp] if len(results) == 1 else [tmp / "primary", tmp / "compare"]
+                for d, (_, r) in zip(dirs, results):
+                    write_run_files(d, r.steps, r.requests, r.summary, r.run)
+                    render_report(d)
+                if len(dirs) > 1:
+                    render_comparison(dirs, tmp)
+        except (ValueError, OSError) as e:  # e.g. another run took the folder meanwhile
+            _fail(e)
     if as_json:
         payload = results[0][1].summary if len(results) == 1 else {lab: r.summary for lab, (_, r) in zip(labels, results)}
         typer.echo(json.dumps(payload, indent=2, default=float))
         return
     _print_summaries(labels, [r.summary for _, r in results])
+    typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if info["skipped_lines"]:
         typer.echo(f"skipped {info['skipped_lines']} malformed trace lines")
     if out is not None:
-        typer.echo(f"wrote {out}/report.html" if len(results) == 1 else f"wrote {out}/ (primary, compare, comparison)")
+        replaced = " (replaced the previous run there)" if out_state == "previous run" else ""
+        typer.echo((f"wrote {out}/report.html" if len(results) == 1 else
+                    f"wrote {out}/comparison.html, {out}/primary/ and {out}/compare/") + replaced)
 
 
 @app.command()
@@ -347,8 +498,8 @@ def run(
 def sweep(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    grid: list[str] = typer.Option([], "--grid", help="A flag and its values, e.g. tp=1,2,4 or gpu=H100,H200 or "
-                                                      "mem_fraction_static=0.8,0.9 (repeat for more axes)."),
+    grid: list[str] = typer.Option([], "--grid", metavar="AXIS", help="A flag and its values, e.g. tp=1,2,4 or "
+                                   "gpu=H100,H200 or page_size=1,16 (repeat for more axes)."),
     gpu_cost: str = typer.Option("", "--gpu-cost", help="$/GPU-hour per GPU, e.g. H100=2.5,H200=3.5: adds cost."),
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
@@ -362,10 +513,13 @@ def sweep(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
+    from sim.output import check_out_dir, publish_dir
     from sim.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
     from traces import DEFAULT_TRACE
 
     try:
+        if out is not None:
+            check_out_dir(out)  # before the (long) sweep
         if slo_on not in ("e2e", "ttft"):
             raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
         axes = parse_grid(grid)
@@ -403,12 +557,15 @@ def sweep(
     if out is not None:
         from reports.plots import plot_frontier
 
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "sweep.csv", index=False)
-        ok = table[table["error"] == ""] if "error" in table else table
-        if len(ok):  # the x axis is the latency the SLO bounds
-            shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
-            plot_frontier(shown, slo_s=slo_p99_s).savefig(out / "frontier.png", dpi=120)
+        try:
+            with publish_dir(out) as tmp:
+                table.to_csv(tmp / "sweep.csv", index=False)
+                ok = table[table["error"] == ""] if "error" in table else table
+                if len(ok):  # the x axis is the latency the SLO bounds
+                    shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
+                    plot_frontier(shown, slo_s=slo_p99_s).savefig(tmp / "frontier.png", dpi=120)
+        except (ValueError, OSError) as e:
+            _fail(e)
     if as_json:
         records = table.astype(object).where(table.notna(), None).to_dict("records")  # NaN/NA -> null
         typer.echo(json.dumps({"configs": records,
@@ -442,25 +599,47 @@ def _cell(value) -> str:
 
 
 @app.command()
-def models() -> None:
+def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled model catalog."""
     from pools.model_config import ModelConfig
 
-    typer.echo(f"{'name':<26} {'architecture':<24} {'layers (attn/linear)':>20} {'params':>9} {'active':>8} "
+    if as_json:
+        rows = []
+        for name in ModelConfig.catalog_names():
+            m = ModelConfig.load(name)
+            rows.append({"name": name, "architecture": m.architecture, "layers": len(m.layers),
+                         "attention_layers": len(m.full_attention_layer_ids), "attention_arch": m.attention_arch,
+                         "linear_layers": len(m.linear_layer_ids),
+                         "linear_attn": m.linear_attn.kind if m.linear_attn else None,
+                         "swa_layers": len(m.swa_layer_ids), "dsa": bool(m.dsa),
+                         "params": m.param_count(), "active_params": m.active_param_count(),
+                         "context_len": m.derived_context_len, "weight_dtype": m.weight_dtype})
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<26} {'architecture':<34} {'layers (attn/other)':>24} {'params':>9} {'active':>8} "
                f"{'context':>9}  weights")
     for name in ModelConfig.catalog_names():
         m = ModelConfig.load(name)
-        layers = f"{len(m.layers)} ({len(m.full_attention_layer_ids)} {m.attention_arch}/" \
-                 f"{len(m.linear_layer_ids)} {m.linear_attn.kind if m.linear_attn else '-'})"
-        typer.echo(f"{name:<26} {m.architecture:<24} {layers:>20} {m.param_count() / 1e9:>8.1f}B "
+        attn = len(m.full_attention_layer_ids) - len(m.swa_layer_ids)
+        other = (f"{len(m.swa_layer_ids)} swa" if m.swa_layer_ids else
+                 f"{len(m.linear_layer_ids)} {m.linear_attn.kind if m.linear_attn else '-'}")
+        kind = "dsa" if m.dsa else m.attention_arch
+        layers = f"{len(m.layers)} ({attn} {kind}/{other})"
+        typer.echo(f"{name:<26} {m.architecture:<34} {layers:>24} {m.param_count() / 1e9:>8.1f}B "
                    f"{m.active_param_count() / 1e9:>7.1f}B {m.derived_context_len:>9,}  {m.weight_dtype}")
 
 
 @app.command()
-def gpus() -> None:
+def gpus(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled GPU catalog (dense FLOP/s)."""
     from pools.gpu_catalog import GPU_CATALOG
 
+    if as_json:
+        typer.echo(json.dumps([{"key": key, "name": g.name, "memory_bytes": g.total_bytes,
+                                "hbm_bytes_per_s": g.hbm_bandwidth, "bf16_flops": g.bf16_flops,
+                                "fp8_flops": g.fp8_flops or None, "arch": g.arch}
+                               for key, g in GPU_CATALOG.items()], indent=2))
+        return
     typer.echo(f"{'name':<10} {'model':<16} {'memory':>11} {'HBM':>9} {'bf16':>11} {'fp8':>11}  arch")
     for key, g in GPU_CATALOG.items():
         fp8 = f"{g.fp8_flops / 1e12:,.0f} TF" if g.fp8_flops else "-"
@@ -474,18 +653,18 @@ app.add_typer(trace_app, name="trace")
 FORMAT_OPT = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)")
 SKIP_OPT = typer.Option(False, "--skip-bad-lines", help="skip malformed lines and report how many")
 JSON_OPT = typer.Option(False, "--json", help="machine-readable output")
+FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT even if it is not a poolsim-format trace")
 
 
 @contextmanager
 def _one_line_errors():
-    """A bad trace or argument prints one line and exits 1, without a traceback."""
+    """A bad trace or argument prints one line and exits 2 (as every command does), without a traceback."""
     from traces import TraceFormatError
 
     try:
         yield
     except (TraceFormatError, ValueError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        _fail(e)
 
 
 def _load(path: Path, fmt: str | None, skip: bool):
@@ -494,12 +673,33 @@ def _load(path: Path, fmt: str | None, skip: bool):
     return load_trace(path, format=fmt, skip_bad_lines=skip)
 
 
-def _wrote(trace, out: Path, as_json: bool) -> None:
+def _check_out(out: Path, force: bool, source: Path | None = None) -> None:
+    """Before any work: OUT is not the input, not a folder, and an existing file is replaced only with --force."""
+    from sim.output import check_out_file
+
+    if source is not None and out.resolve() == source.resolve():
+        raise ValueError(f"{out} is the input trace; write to another file")
+    check_out_file(out, force, _poolsim_trace)
+
+
+def _poolsim_trace(path: Path) -> bool:
+    """An existing file poolsim may replace: a trace in poolsim's own format (what these commands write)."""
+    from traces import detect_format
+
+    try:
+        return detect_format(path) == "poolsim"
+    except (ValueError, OSError):
+        return False
+
+
+def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
+    from sim.output import write_file
     from traces import write_trace
 
-    if trace.source_path is not None and out.resolve() == trace.source_path.resolve():
-        raise ValueError(f"{out} is the input trace; write to another file")
-    n = write_trace(trace, out)
+    _check_out(out, force, trace.source_path)
+    written = []
+    write_file(out, lambda tmp: written.append(write_trace(trace, tmp)), force, _poolsim_trace)
+    n = written[0]
     info = {"path": str(out), "requests": n, "skipped_lines": trace.skipped_lines}
     if as_json:
         typer.echo(json.dumps(info))
@@ -551,36 +751,41 @@ def _print_stats(s) -> None:
 
 @trace_app.command("convert")
 def trace_convert(file: Path, out: Path, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
-                  as_json: bool = JSON_OPT) -> None:
+                  force: bool = FORCE_OPT, as_json: bool = JSON_OPT) -> None:
     """Write any trace in poolsim's own JSONL format."""
     with _one_line_errors():
-        _wrote(_load(file, fmt, skip_bad_lines), out, as_json)
+        _check_out(out, force, file)
+        _wrote(_load(file, fmt, skip_bad_lines), out, as_json, force)
 
 
 @trace_app.command("slice")
 def trace_slice(file: Path, out: Path, start: float = typer.Option(0.0, help="window start (s)"),
                 end: float = typer.Option(math.inf, help="window end (s, exclusive)"),
                 rebase: bool = typer.Option(True, help="shift arrivals so the window starts at 0"),
-                fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, as_json: bool = JSON_OPT) -> None:
+                fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
+                as_json: bool = JSON_OPT) -> None:
     """Keep the requests arriving in [start, end)."""
     from traces import slice_trace
 
     with _one_line_errors():
-        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json)
+        _check_out(out, force, file)
+        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json, force)
 
 
 @trace_app.command("scale")
 def trace_scale(file: Path, out: Path, factor: Optional[float] = typer.Option(None, help="rate multiplier"),
                 rate: Optional[float] = typer.Option(None, help="target mean rate (req/s) instead of a factor"),
-                fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, as_json: bool = JSON_OPT) -> None:
+                fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
+                as_json: bool = JSON_OPT) -> None:
     """Speed a trace up or slow it down (arrival times divided by the factor)."""
     from traces import mean_rate, scale_trace
 
     with _one_line_errors():
         if (factor is None) == (rate is None):
             raise ValueError("give exactly one of --factor and --rate")
+        _check_out(out, force, file)
         trace = _load(file, fmt, skip_bad_lines)
-        _wrote(scale_trace(trace, factor if factor is not None else rate / mean_rate(trace)), out, as_json)
+        _wrote(scale_trace(trace, factor if factor is not None else rate / mean_rate(trace)), out, as_json, force)
 
 
 @trace_app.command("generate")
@@ -589,24 +794,28 @@ def trace_generate(
     preset: str = typer.Option("chat", help="chat or agent: the defaults every other flag overrides"),
     seed: int = typer.Option(0),
     sessions: Optional[int] = typer.Option(None, help="number of sessions"),
-    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP[,PERIOD]"),
+    rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP "
+                                                  "(optionally ,PERIOD)"),
     cv: Optional[float] = typer.Option(None, help="burstiness of session starts (1 = Poisson, >1 = gamma, burstier)"),
     turns: Optional[str] = typer.Option(None, help="requests per session (a length spec, e.g. uniform:1,6)"),
     think_time: Optional[float] = typer.Option(None, help="mean seconds between a session's turns"),
     system_prompt_len: Optional[int] = typer.Option(None, help="tokens of the shared system prompt / context"),
     system_prompt_fanout: Optional[int] = typer.Option(None, help="sessions sharing each system prompt"),
     input_len: Optional[str] = typer.Option(None, help="new user tokens per turn: fixed:N, uniform:LO,HI, "
-                                                        "lognormal:MEDIAN,SIGMA[,LO,HI], empirical:input,TRACE"),
+                                                        "lognormal:MED,SIGMA (optionally ,LO,HI), "
+                                                        "empirical:input,TRACE"),
     output_len: Optional[str] = typer.Option(None, help="output tokens per turn (same specs)"),
     max_new_tokens: Optional[int] = typer.Option(None, help="the client's limit; outputs are clipped to it"),
     ignore_eos: bool = typer.Option(False, help="every output runs to --max-new-tokens"),
     max_prompt_len: Optional[int] = typer.Option(None, help="a session ends before a longer prompt"),
+    force: bool = FORCE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Generate a seeded synthetic workload (multi-turn chats or agent loops) in poolsim's format."""
     from traces import agent_spec, chat_spec, generate, parse_length, parse_rate
 
     with _one_line_errors():
+        _check_out(out, force)
         presets = {"chat": chat_spec, "agent": agent_spec}
         if preset not in presets:
             raise ValueError(f"unknown preset {preset!r}: chat or agent")
@@ -618,7 +827,7 @@ def trace_generate(
                      input_len=None if input_len is None else parse_length(input_len),
                      output_len=None if output_len is None else parse_length(output_len))
         spec = presets[preset](**{k: v for k, v in given.items() if v is not None})
-        _wrote(generate(spec, seed=seed, name=out.stem), out, as_json)
+        _wrote(generate(spec, seed=seed, name=out.stem), out, as_json, force)
 
 @app.command()
 def report(
@@ -626,16 +835,113 @@ def report(
     compare: list[str] = typer.Option([], "--compare", metavar="OTHER_DIR",
                                       help="Another run folder to compare with (repeatable)."),
     out: str | None = typer.Option(None, "--out", metavar="DIR", help="Where to write the page (default: DIR)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the page's path and the runs as one JSON object."),
 ) -> None:
     """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
     from reports.html import ReportError, render_comparison, render_report
+    from sim.output import publish_dir, recording
+
+    def render(target):
+        return (render_comparison([run_dir, *compare], target or run_dir) if compare
+                else render_report(run_dir, target))
 
     try:
-        page = (render_comparison([run_dir, *compare], out or run_dir) if compare
-                else render_report(run_dir, out))
-    except ReportError as e:
+        target = _report_target(run_dir, compare, out)
+        if target is None:  # the page goes into a folder poolsim wrote, beside the runs it reads
+            with recording(out or run_dir):
+                page = render(out)
+        else:
+            with publish_dir(target) as tmp:
+                page = Path(target) / render(tmp).name
+    except (ReportError, ValueError, OSError) as e:
         _fail(e)
+    if as_json:
+        typer.echo(json.dumps({"page": str(page), "runs": [run_dir, *compare]}))
+        return
     typer.echo(str(page))
+
+
+def _bench_list(flag: str, text: str, parse) -> list:
+    try:
+        return [parse(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a value or a comma-separated list") from None
+
+
+@app.command()
+@with_server_options
+def bench(
+    server: dict,
+    dataset_name: str = typer.Option("random-ids", "--dataset-name",
+                                     help="random-ids|random|sharegpt (random, sharegpt: need --dataset-path)."),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
+    num_prompts: int = typer.Option(1000, "--num-prompts"),
+    random_input_len: int = typer.Option(1024, "--random-input-len"),
+    random_output_len: int = typer.Option(1024, "--random-output-len"),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
+    range_style: str = typer.Option("sglang", "--random-range-style",
+                                    help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]."),
+    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len"),
+    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len"),
+    request_rate: str = typer.Option("inf", "--request-rate",
+                                     help="req/s (Poisson) or inf; a comma list runs back to back."),
+    burstiness: float = typer.Option(1.0, "--burstiness", help="vLLM's gamma shape (1: SGLang's Poisson)."),
+    max_concurrency: Optional[str] = typer.Option(None, "--max-concurrency",
+                                                  help="at most N in flight; a comma list runs back to back."),
+    seed: int = typer.Option(42, "--seed"),
+    warmup_requests: int = typer.Option(1, "--warmup-requests"),
+    flush_cache: bool = typer.Option(False, "--flush-cache", help="/flush_cache after each run's warm-up."),
+    tokenizer_vocab_size: Optional[int] = typer.Option(None, "--tokenizer-vocab-size",
+                                                       help="random-ids: the tokenizer's vocab_size "
+                                                            "(default: the model config's)."),
+    router: str = typer.Option("round_robin", "--router", help="dp router: round_robin|cache_aware."),
+    step_time: str = typer.Option("analytic", "--step-time", help="analytic, or fixed:MILLISECONDS."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Step-time coefficients (JSON)."),
+    as_json: bool = typer.Option(False, "--json", help="bench_serving's result dict(s) as JSON."),
+) -> None:
+    """SGLang's bench_serving against the simulated server: its datasets, rates, concurrency and printout."""
+    from pools.errors import PoolError
+    from sim.bench_serving import BenchConfig, format_result, run_bench
+
+    try:
+        rates = _bench_list("--request-rate", request_rate, float)
+        limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
+        n = max(len(rates), len(limits))
+        if {len(rates), len(limits)} - {1, n}:
+            raise ValueError("--request-rate and --max-concurrency lists must have one value or the same length")
+        configs = [BenchConfig(dataset_name, num_prompts, random_input_len, random_output_len, random_range_ratio,
+                               rates[i % len(rates)], limits[i % len(limits)], seed, warmup_requests, flush_cache,
+                               str(dataset_path) if dataset_path else None, sharegpt_output_len,
+                               sharegpt_context_len, burstiness, range_style) for i in range(n)]
+        model, gpu, args, overhead = _server(server)
+        sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+                               calibration=str(calibration) if calibration else None,
+                               runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    if as_json:
+        typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
+        return
+    typer.echo("\n\n".join(format_result(m) for m in results))
+    typer.echo(f"time model: {sim_result.run['step_time_model']}")
+
+
+def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
+    """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
+    poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
+    from sim.output import MARKER, RUN_FILES, check_out_dir
+
+    if out is None:
+        return None
+    target, inputs = Path(out).resolve(), [Path(d).resolve() for d in (run_dir, *compare)]
+    if target in inputs or ((target / MARKER).is_file() and any(target in d.parents for d in inputs)):
+        return None
+    if any((target / f).exists() for f in RUN_FILES):
+        raise ValueError(f"{out}: holds another run; name a new folder for the page")
+    check_out_dir(out)
+    return Path(out)
 
 
 if __name__ == "__main__":

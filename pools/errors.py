@@ -15,3 +15,7 @@ class OutOfMemoryError(RuntimeError):
 
 class MambaCapacityError(RuntimeError):
     """No mamba state slot left: SGLang asserts ("increase --mamba-full-memory-ratio")."""
+
+
+class SizingError(ValueError):
+    """A configuration SGLang would refuse (or OOM on); the message is one line naming the parameter."""

@@ -6,6 +6,9 @@
 ``chunked_prefill_size``, CUDA-graph batch size and default ``mem_fraction_static`` from it.
 ``memory_bytes`` is the total that ``torch.cuda.mem_get_info`` starts from.
 FLOP/s are dense (no 2:4 sparsity); ``fp8_flops`` is None where the chip has no FP8 tensor cores.
+``link_bandwidth`` is one GPU's scale-up bandwidth per direction (what a ring all-reduce or an
+all-to-all between the GPUs of one server can use), from the vendor's interconnect datasheet;
+``interconnect`` names the fabric. The step-time model divides collective bytes by it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class GPUSpec:
     fp8_flops: float | None  # dense FLOP/s; None: no FP8 tensor cores
     arch: str  # sm80 | sm89 | sm90 | sm100 | gfx942: picks SGLang's default attention backend
     memory_bytes: int | None = None  # physical total if it differs from memory_mib (AMD)
+    link_bandwidth: float = 450e9  # B/s per direction to the other GPUs of the server (scale-up fabric)
+    interconnect: str = "NVLink 4"
 
     @property
     def total_bytes(self) -> int:
@@ -37,16 +42,19 @@ class GPUSpec:
 
     @staticmethod
     def custom(name: str = "custom", memory_gib: float = 80.0, bandwidth_tbs: float = 3.35,
-               bf16_tflops: float = 989.0, fp8_tflops: float | None = None, arch: str = "sm90") -> "GPUSpec":
-        """A GPU from flags: memory in GiB, bandwidth in TB/s, dense TFLOP/s."""
+               bf16_tflops: float = 989.0, fp8_tflops: float | None = None, arch: str = "sm90",
+               link_gbs: float = 450.0, interconnect: str = "custom") -> "GPUSpec":
+        """A GPU from flags: memory in GiB, bandwidth in TB/s, dense TFLOP/s, link GB/s per direction."""
         if memory_gib <= 0 or bandwidth_tbs <= 0 or bf16_tflops <= 0:
             raise ValueError(f"custom GPU needs positive memory ({memory_gib} GiB), bandwidth "
                              f"({bandwidth_tbs} TB/s) and bf16 FLOP/s ({bf16_tflops} TFLOP/s)")
+        if link_gbs <= 0:
+            raise ValueError(f"custom GPU needs a positive link bandwidth ({link_gbs} GB/s)")
         if arch not in ARCHS:
             raise ValueError(f"custom GPU arch {arch!r} is not one of {', '.join(ARCHS)}")
         return GPUSpec(name=name, memory_mib=memory_gib * 1024, hbm_bandwidth=bandwidth_tbs * TB,
                        bf16_flops=bf16_tflops * TB, fp8_flops=None if fp8_tflops is None else fp8_tflops * TB,
-                       arch=arch)
+                       arch=arch, link_bandwidth=link_gbs * 1e9, interconnect=interconnect)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total_bytes": self.total_bytes}
@@ -58,29 +66,45 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     # NVIDIA H100 SXM5 80GB datasheet (nvidia.com/en-us/data-center/h100): HBM3 3.35 TB/s,
     # BF16 1,979 TFLOPS and FP8 3,958 TFLOPS "with sparsity" -> dense is half.
     # nvidia-smi memory.total 81559 MiB (e.g. sgl-project/sglang#7478).
-    "h100": GPUSpec("H100 80GB SXM", 81559, 3.35 * TB, 989.5 * TB, 1979 * TB, "sm90"),
+    # NVLink 4: 18 links, 900 GB/s bidirectional per GPU -> 450 GB/s per direction.
+    "h100": GPUSpec("H100 80GB SXM", 81559, 3.35 * TB, 989.5 * TB, 1979 * TB, "sm90",
+                    link_bandwidth=450e9, interconnect="NVLink 4"),
     # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s,
     # BF16 1,979 / FP8 3,958 TFLOPS with sparsity. nvidia-smi memory.total 143771 MiB.
-    "h200": GPUSpec("H200 141GB SXM", 143771, 4.8 * TB, 989.5 * TB, 1979 * TB, "sm90"),
+    # NVLink 4, 900 GB/s bidirectional (H200 datasheet) -> 450 GB/s per direction.
+    "h200": GPUSpec("H200 141GB SXM", 143771, 4.8 * TB, 989.5 * TB, 1979 * TB, "sm90",
+                    link_bandwidth=450e9, interconnect="NVLink 4"),
     # NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx): per GPU 180 GB HBM3e, 8 TB/s,
     # FP8 9 PFLOPS and BF16 4.5 PFLOPS with sparsity -> 4.5 / 2.25 PFLOPS dense.
     # nvidia-smi memory.total 183359 MiB.
-    "b200": GPUSpec("B200 180GB", 183359, 8.0 * TB, 2250 * TB, 4500 * TB, "sm100"),
+    # NVLink 5: 1.8 TB/s bidirectional per GPU (HGX B200 datasheet) -> 900 GB/s per direction.
+    "b200": GPUSpec("B200 180GB", 183359, 8.0 * TB, 2250 * TB, 4500 * TB, "sm100",
+                    link_bandwidth=900e9, interconnect="NVLink 5"),
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): A100 80GB SXM 2,039 GB/s,
     # A100 40GB SXM 1,555 GB/s; BF16 312 TFLOPS dense; no FP8. nvidia-smi 81920 / 40960 MiB.
-    "a100-80gb": GPUSpec("A100 80GB SXM", 81920, 2.039 * TB, 312 * TB, None, "sm80"),
-    "a100-40gb": GPUSpec("A100 40GB SXM", 40960, 1.555 * TB, 312 * TB, None, "sm80"),
+    # NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet) -> 300 GB/s per direction.
+    "a100-80gb": GPUSpec("A100 80GB SXM", 81920, 2.039 * TB, 312 * TB, None, "sm80",
+                         link_bandwidth=300e9, interconnect="NVLink 3"),
+    "a100-40gb": GPUSpec("A100 40GB SXM", 40960, 1.555 * TB, 312 * TB, None, "sm80",
+                         link_bandwidth=300e9, interconnect="NVLink 3"),
     # NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s; BF16 362.05 TFLOPS, FP8 733 TFLOPS dense
     # (733 / 1,466 with sparsity). nvidia-smi memory.total 46068 MiB.
-    "l40s": GPUSpec("L40S 48GB", 46068, 0.864 * TB, 362.05 * TB, 733 * TB, "sm89"),
+    # No NVLink: PCIe Gen4 x16, 64 GB/s bidirectional (L40S datasheet) -> 32 GB/s per direction.
+    "l40s": GPUSpec("L40S 48GB", 46068, 0.864 * TB, 362.05 * TB, 733 * TB, "sm89",
+                    link_bandwidth=32e9, interconnect="PCIe Gen4 x16"),
     # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s; BF16 242 / FP8 485 TFLOPS with sparsity
     # -> 121 / 242.5 dense. nvidia-smi memory.total 23034 MiB.
-    "l4": GPUSpec("L4 24GB", 23034, 0.300 * TB, 121 * TB, 242.5 * TB, "sm89"),
+    # PCIe Gen4 x16 (L4 datasheet): 32 GB/s per direction.
+    "l4": GPUSpec("L4 24GB", 23034, 0.300 * TB, 121 * TB, 242.5 * TB, "sm89",
+                  link_bandwidth=32e9, interconnect="PCIe Gen4 x16"),
     # AMD Instinct MI300X datasheet (amd.com): 192 GB HBM3 5.3 TB/s; BF16 1,307.4 TFLOPS and
     # FP8 2,614.9 TFLOPS dense. rocminfo pool 1: 201310208 KB -> 196592 MiB (what SGLang reads);
     # rocm-smi VRAM Total Memory 205822885888 B (what torch sees).
     "mi300x": GPUSpec("MI300X 192GB", 196592, 5.3 * TB, 1307.4 * TB, 2614.9 * TB, "gfx942",
-                      memory_bytes=205822885888),
+                      memory_bytes=205822885888, link_bandwidth=448e9,
+                      # Infinity Fabric: 7 links x 64 GB/s per direction to the 7 peers of an
+                      # 8-GPU platform (MI300X datasheet: 896 GB/s aggregate bidirectional)
+                      interconnect="Infinity Fabric"),
 }
 
 _ALIASES = {

@@ -223,10 +223,24 @@ class MambaRadixCache(RadixCache):
             seqlen = branch
         self._record_track(req, seqlen)
 
-    def track_after_decode(self, req) -> None:
-        """A decode forward checkpoints the state when the sequence reaches the track grid."""
-        if self.strategy == "extra_buffer" and req.kv.kv_committed_len % self.mamba_track_grid == 0:
-            self._record_track(req, req.kv.kv_committed_len)
+    def track_after_decode(self, req) -> tuple[int, int] | None:
+        """A decode forward that reaches the track grid writes the state into the next ping-pong slot, and the
+        next forward writes the other one. The checkpoint exists only once the result is processed
+        (``commit_decode_track``, SGLang's ``_handle_finish_state_updated_req``), one step later under overlap:
+        returns (ping-pong position, sequence length) for then, or None off the grid."""
+        kv = req.kv
+        if self.strategy != "extra_buffer" or kv.kv_committed_len % self.mamba_track_grid:
+            return None
+        position = kv.mamba_next_track_idx
+        kv.mamba_next_track_idx = self.req_to_token_pool.get_mamba_ping_pong_other_idx(position)
+        return position, kv.kv_committed_len
+
+    def commit_decode_track(self, req, track: tuple[int, int]) -> None:
+        """The decode's result landed: its checkpoint becomes the newest; the previous one stays named."""
+        kv = req.kv
+        kv.mamba_last_track_idx = track[0]
+        kv.mamba_prev_track_seqlen = kv.mamba_last_track_seqlen
+        kv.mamba_last_track_seqlen = track[1]
 
     def _record_track(self, req, seqlen: int) -> None:
         kv = req.kv

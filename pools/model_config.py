@@ -1,11 +1,10 @@
-"""A model's shapes as SGLang 0.5.23 reads them from a Hugging Face ``config.json``.
+"""A model's shapes as SGLang 0.5.23 reads them from a Hugging Face ``config.json``: the common description.
 
 ``ModelConfig.load`` takes a path (a ``config.json`` or the folder holding one) or a catalog name
-(``pools/model_catalog/<name>.json``). It parses what ``srt/configs/model_config.py`` parses for
-sizing (layers, heads, head dims, MLA ranks, context length, dtype, quantization) plus the
-linear-attention configs (``configs/kimi_linear.py``, ``configs/qwen3_next.py``,
-``configs/nemotron_h.py``), and lists every weight tensor so that total, activated and per-rank
-weight bytes are counted from the shapes.
+(``pools/model_catalog/<name>.json``). Each architecture family's module in ``pools/models/`` parses
+its configs into this one description (layers, heads, head dims, MLA ranks, linear-attention state,
+sliding windows, the DSA indexer, context length, dtype, quantization); ``weight_tensors`` lists every
+weight tensor so that total, activated and per-rank weight bytes are counted from the shapes.
 """
 
 from __future__ import annotations
@@ -21,26 +20,17 @@ from pools.mamba_pool import MambaStateShape
 CATALOG_DIR = Path(__file__).with_name("model_catalog")
 CATALOG_ALIASES = {"deepseek-r1": "deepseek-v3"}  # R1 ships V3's architecture and shapes
 
-LINEAR_MIXERS = ("kda", "gdn", "mamba2")
+LINEAR_MIXERS = ("kda", "gdn", "mamba2", "short_conv")
 VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE, layers/vocab_parallel_embedding.py:48
 
-# srt/utils/hf_transformers/common.py:668, in SGLang's order of preference
-CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
-                       "max_position_embeddings")
-
-_DENSE_MHA = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
-_MOE_MHA = {"Qwen3MoeForCausalLM"}
-_MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
-_KDA = {"KimiLinearForCausalLM"}
-_GDN = {"Qwen3NextForCausalLM"}
-_MAMBA2 = {"NemotronHForCausalLM"}
-SUPPORTED_ARCHITECTURES = tuple(sorted(_DENSE_MHA | _MOE_MHA | _MLA | _KDA | _GDN | _MAMBA2))
+MXFP4_BLOCK = 32  # values per shared uint8 scale (quantization/mxfp4.py)
 
 
 @dataclass(frozen=True)
 class LayerSpec:
-    mixer: str  # attention | kda | gdn | mamba2 | none (a Nemotron-H MLP/MoE-only block)
-    mlp: str  # dense | moe | none
+    mixer: str  # attention | kda | gdn | mamba2 | short_conv | none (a Nemotron-H MLP/MoE-only block)
+    mlp: str  # dense | moe | moe+dense (Grok's residual MoE) | none
+    sliding_window: int = 0  # tokens an attention layer sees (0: full attention)
 
 
 @dataclass(frozen=True)
@@ -52,6 +42,27 @@ class MoESpec:
     gated: bool = True  # SwiGLU gate+up+down; False: relu2 up+down (Nemotron-H)
     shared_expert_gate: bool = False  # Qwen3-Next's sigmoid gate on the shared expert
     score_bias: bool = False  # e_score_correction_bias (noaux_tc routers)
+    router_dtype_bytes: int | None = None  # a router kept in float32 (Grok, GLM-4.7-Flash); None: model dtype
+    expert_bias: bool = False  # per-expert biases on w13 and w2 (gpt-oss)
+
+
+@dataclass(frozen=True)
+class DSASpec:
+    """DeepSeek sparse attention's indexer (``index_*`` fields of DeepSeek-V3.2's config)."""
+
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+
+
+@dataclass(frozen=True)
+class SWASpec:
+    """The sliding-window geometry where it differs from the full layers (``swa_*`` of SGLang's ModelConfig)."""
+
+    num_key_value_heads: int
+    head_dim: int
+    v_head_dim: int
+    hybrid_pool: bool  # on SGLang's hybrid-SWA allowlist: a separate, smaller SWA pool
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,10 @@ class LinearAttnSpec:
     KDA: heads = k heads = ``num_heads``, dims = ``head_dim``. GDN: ``num_heads`` =
     linear_num_value_heads, ``num_k_heads`` = linear_num_key_heads (the n_groups),
     ``head_k_dim`` = linear_key_head_dim (the state size). Mamba2: ``num_k_heads`` = n_groups,
-    ``head_k_dim`` = ssm_state_size.
+    ``head_k_dim`` = ssm_state_size. LFM2's short conv: ``head_dim`` = hidden_size, no SSM state.
     """
 
-    kind: str  # kda | gdn | mamba2
+    kind: str  # kda | gdn | mamba2 | short_conv
     num_heads: int
     head_dim: int
     num_k_heads: int
@@ -75,6 +86,10 @@ class LinearAttnSpec:
         """Per-slot state shapes on one rank (``mamba2_cache_params`` of the model's config class)."""
         if self.kind == "kda":
             return MambaStateShape.kimi_linear(tp, self.num_heads, self.head_dim, self.conv_kernel)
+        if self.kind == "short_conv":  # Lfm2Config.mamba2_cache_params: num_heads=tp, state_size=0
+            return MambaStateShape.mamba2(tp, intermediate_size=self.head_dim, n_groups=1, num_heads=tp,
+                                          head_dim=self.head_dim, state_size=0, conv_kernel=self.conv_kernel,
+                                          kind=self.kind)
         return MambaStateShape.mamba2(tp, intermediate_size=self.num_heads * self.head_dim,
                                       n_groups=self.num_k_heads, num_heads=self.num_heads,
                                       head_dim=self.head_dim, state_size=self.head_k_dim,
@@ -139,7 +154,7 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     q_lora_rank: int | None = None
-    quant_method: str | None = None  # fp8 | None
+    quant_method: str | None = None  # fp8 | mxfp4 (experts only) | None
     weight_block_size: tuple[int, int] | None = None
     kv_cache_quant_fp8: bool = False  # quantization_config.kv_cache_quant_algo == FP8
     mamba_ssm_dtype: str | None = None  # config's mamba_ssm_dtype, where SGLang reads it
@@ -147,6 +162,11 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     attn_output_gate: bool = False
+    norms_per_layer: int | None = None  # None: one per mixer and one per MLP
+    extra_weights: tuple[WeightTensor, ...] = ()  # family-specific tensors the generic list lacks
+    dsa: DSASpec | None = None
+    swa: SWASpec | None = None  # set when some attention layers have a sliding window
+    notes: tuple[str, ...] = ()  # assumptions made while reading the config (plan prints them)
     hf_config: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     # ---- loading -----------------------------------------------------------------------------
@@ -183,13 +203,30 @@ class ModelConfig:
 
     @staticmethod
     def from_dict(cfg: dict, source: str = "<dict>", name: str = "model") -> "ModelConfig":
-        return _Parser(cfg, source).parse(name)
+        from pools.models import parse
+
+        return parse(cfg, source, name)
 
     # ---- layers --------------------------------------------------------------------------------
 
     @property
     def full_attention_layer_ids(self) -> list[int]:
+        """Every attention layer (windowed ones too): the layers that hold per-token KV."""
         return [i for i, layer in enumerate(self.layers) if layer.mixer == "attention"]
+
+    @property
+    def swa_layer_ids(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if layer.mixer == "attention" and layer.sliding_window]
+
+    @property
+    def sliding_window(self) -> int:
+        """The largest window of the windowed layers (0: none)."""
+        return max((layer.sliding_window for layer in self.layers), default=0)
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        """Two KV pools (full and SWA): SGLang's is_hybrid_swa (configs/model_config.py:1213-1217)."""
+        return self.swa is not None and self.swa.hybrid_pool and bool(self.swa_layer_ids)
 
     @property
     def linear_layer_ids(self) -> list[int]:
@@ -209,7 +246,10 @@ class ModelConfig:
         return tuple(self.attention_arch if layer.mixer == "attention" else layer.mixer for layer in self.layers)
 
     def with_full_attention(self) -> "ModelConfig":
-        """The same model with every linear-attention layer replaced by a full-attention layer."""
+        """The same model with every linear-attention or sliding-window layer replaced by a full-attention layer."""
+        if self.swa is not None and not self.is_hybrid:
+            layers = tuple(replace(layer, sliding_window=0) for layer in self.layers)
+            return replace(self, name=f"{self.name} (all full attention)", layers=layers, swa=None)
         if not self.is_hybrid:
             return self
         layers = tuple(LayerSpec("attention", layer.mlp) if layer.mixer in LINEAR_MIXERS else layer
@@ -221,7 +261,7 @@ class ModelConfig:
 
     @property
     def weight_dtype(self) -> str:
-        return "fp8_e4m3" if self.quant_method == "fp8" else self.dtype
+        return {"fp8": "fp8_e4m3", "mxfp4": "mxfp4"}.get(self.quant_method, self.dtype)
 
     def weight_tensors(self) -> list[WeightTensor]:
         return _weight_tensors(self)
@@ -248,6 +288,10 @@ class ModelConfig:
                 width = t.dtype_bytes
             elif t.quantized and self.quant_method == "fp8":
                 width = 1
+            elif t.quantized and self.quant_method == "mxfp4" and t.active < 1.0:
+                # routed experts only: two e2m1 values per byte plus one uint8 scale per 32 values
+                total += (out * inp // 2 + out * inp // MXFP4_BLOCK) * t.count
+                continue
             else:
                 width = model_bytes
             total += out * inp * width * t.count
@@ -265,216 +309,16 @@ class ModelConfig:
         return self.weight_bytes_per_rank(1) / self.param_count()
 
 
-class _Parser:
-    """Reads one config.json; every missing required field is a one-line ValueError."""
-
-    def __init__(self, cfg: dict, source: str):
-        self.cfg = cfg
-        self.source = source
-        self.arch = "?"
-
-    def need(self, key: str, where: dict | None = None, what: str | None = None):
-        d = self.cfg if where is None else where
-        value = d.get(key)
-        if value is None:
-            raise ValueError(f"{self.source}: missing field '{what or key}' needed for {self.arch}")
-        return value
-
-    def get(self, key: str, default=None):
-        value = self.cfg.get(key)
-        return default if value is None else value
-
-    def parse(self, name: str) -> ModelConfig:
-        archs = self.cfg.get("architectures")
-        if not archs or not isinstance(archs, list):
-            raise ValueError(f"{self.source}: missing field 'architectures'")
-        self.arch = archs[0]
-        if self.arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"{self.source}: architectures[0] {self.arch!r} is not supported; "
-                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-        if self.arch in _DENSE_MHA | _MOE_MHA:
-            family = {**self.mha(), **self.qwen_moe_or_dense()}
-        elif self.arch in _MLA:
-            family = {**self.mla(), **self.deepseek_moe()}
-        elif self.arch in _KDA:
-            family = {**self.mla(), **self.kimi_linear()}
-        elif self.arch in _GDN:
-            family = {**self.mha(), **self.qwen3_next()}
-        else:
-            family = {**self.mha(), **self.nemotron_h()}
-        return ModelConfig(name=name, **{**self.common(), **family})
-
-    def common(self) -> dict:
-        num_layers = self.need("num_hidden_layers") if self.arch not in _MAMBA2 else 0
-        return dict(
-            source=self.source, architecture=self.arch, model_type=self.get("model_type", ""),
-            hidden_size=self.need("hidden_size"), vocab_size=self.need("vocab_size"),
-            num_hidden_layers=num_layers, num_attention_heads=self.need("num_attention_heads"),
-            derived_context_len=self.context_length(), dtype=self.model_dtype(),
-            tie_word_embeddings=bool(self.get("tie_word_embeddings", False)),
-            hf_config=self.cfg, **self.quantization(),
-        )
-
-    def context_length(self) -> int:
-        """``get_context_length``: the first of CONTEXT_LENGTH_KEYS, times the rope factor
-        unless the scaling names original_max_position_embeddings or is llama3."""
-        rope = self.cfg.get("rope_scaling") or {}
-        factor = rope.get("factor", 1) if rope else 1
-        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
-            factor = 1
-        for key in CONTEXT_LENGTH_KEYS:
-            if self.cfg.get(key) is not None:
-                return int(factor * self.cfg[key])
-        return 2048
-
-    def model_dtype(self) -> str:
-        """``_get_and_verify_dtype`` with --dtype auto: config dtype, float32 -> float16."""
-        raw = self.cfg.get("dtype") or self.cfg.get("torch_dtype") or "float32"
-        names = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
-                 "fp16": "float16", "float32": "float32", "float": "float32"}
-        if raw not in names:
-            raise ValueError(f"{self.source}: torch_dtype {raw!r} is not one of {', '.join(names)}")
-        return "float16" if names[raw] == "float32" else names[raw]
-
-    def quantization(self) -> dict:
-        q = self.cfg.get("quantization_config")
-        if not q:
-            return {}
-        method = q.get("quant_method")
-        kv_fp8 = str(q.get("kv_cache_quant_algo", "")).upper() == "FP8"
-        if method != "fp8":
-            raise ValueError(f"{self.source}: quantization_config.quant_method {method!r} is not supported "
-                             "(only fp8); weight bytes would be wrong")
-        block = q.get("weight_block_size")
-        return dict(quant_method="fp8", weight_block_size=tuple(block) if block else None,
-                    kv_cache_quant_fp8=kv_fp8)
-
-    def mha(self) -> dict:
-        heads = self.need("num_attention_heads")
-        head_dim = self.cfg.get("head_dim") or self.need("hidden_size") // heads
-        v_head_dim = self.cfg.get("v_head_dim") or head_dim
-        return dict(attention_arch="mha", head_dim=head_dim, v_head_dim=v_head_dim,
-                    num_key_value_heads=self.get("num_key_value_heads", heads),
-                    attention_bias=bool(self.get("attention_bias", self.arch == "Qwen2ForCausalLM")),
-                    qk_norm=self.cfg.get("model_type") in ("qwen3", "qwen3_moe", "qwen3_next"))
-
-    def mla(self) -> dict:
-        nope, rope = self.need("qk_nope_head_dim"), self.need("qk_rope_head_dim")
-        heads = self.need("num_attention_heads")
-        return dict(attention_arch="mla", head_dim=nope + rope, v_head_dim=self.need("v_head_dim"),
-                    num_key_value_heads=self.get("num_key_value_heads", heads),
-                    kv_lora_rank=self.need("kv_lora_rank"), qk_rope_head_dim=rope, qk_nope_head_dim=nope,
-                    q_lora_rank=self.cfg.get("q_lora_rank"))
-
-    def qwen_moe_or_dense(self) -> dict:
-        n = self.need("num_hidden_layers")
-        moe = None
-        mlp = ["dense"] * n
-        if self.arch in _MOE_MHA:
-            moe = MoESpec(num_experts=self.need("num_experts"), top_k=self.need("num_experts_per_tok"),
-                          intermediate_size=self.need("moe_intermediate_size"),
-                          shared_intermediate_size=self.get("shared_expert_intermediate_size", 0))
-            mlp = self.qwen_sparse_layers(n)
-        return dict(layers=tuple(LayerSpec("attention", m) for m in mlp),
-                    intermediate_size=self.get("intermediate_size", 0) if moe else self.need("intermediate_size"),
-                    moe=moe)
-
-    def qwen_sparse_layers(self, n: int) -> list[str]:
-        """Qwen-MoE: layer i is sparse unless in mlp_only_layers or off the decoder_sparse_step grid."""
-        only = set(self.get("mlp_only_layers", []))
-        step = self.get("decoder_sparse_step", 1)
-        return ["moe" if i not in only and (i + 1) % step == 0 else "dense" for i in range(n)]
-
-    def deepseek_sparse_layers(self, n: int, first_dense: int, freq: int) -> list[str]:
-        return ["moe" if i >= first_dense and i % freq == 0 else "dense" for i in range(n)]
-
-    def deepseek_moe(self) -> dict:
-        n = self.need("num_hidden_layers")
-        inter = self.need("moe_intermediate_size")
-        moe = MoESpec(num_experts=self.need("n_routed_experts"), top_k=self.need("num_experts_per_tok"),
-                      intermediate_size=inter, shared_intermediate_size=inter * self.get("n_shared_experts", 0),
-                      score_bias=self.get("topk_method") == "noaux_tc")
-        mlp = self.deepseek_sparse_layers(n, self.get("first_k_dense_replace", 0), self.get("moe_layer_freq", 1))
-        return dict(layers=tuple(LayerSpec("attention", m) for m in mlp),
-                    intermediate_size=self.need("intermediate_size"), moe=moe)
-
-    def kimi_linear(self) -> dict:
-        n = self.need("num_hidden_layers")
-        lac = self.need("linear_attn_config")
-        kda = set(self.need("kda_layers", lac, "linear_attn_config.kda_layers"))  # 1-based
-        linear = LinearAttnSpec(kind="kda", num_heads=self.need("num_heads", lac, "linear_attn_config.num_heads"),
-                                head_dim=self.need("head_dim", lac, "linear_attn_config.head_dim"),
-                                num_k_heads=lac["num_heads"], head_k_dim=lac["head_dim"],
-                                conv_kernel=self.need("short_conv_kernel_size", lac,
-                                                      "linear_attn_config.short_conv_kernel_size"))
-        inter = self.need("moe_intermediate_size")
-        moe = MoESpec(num_experts=self.need("num_experts"), top_k=self.need("num_experts_per_token"),
-                      intermediate_size=inter, shared_intermediate_size=inter * self.get("num_shared_experts", 0),
-                      score_bias=True)
-        mlp = self.deepseek_sparse_layers(n, self.get("first_k_dense_replace", 0), self.get("moe_layer_freq", 1))
-        layers = tuple(LayerSpec("kda" if i + 1 in kda else "attention", mlp[i]) for i in range(n))
-        # KimiLinearConfig.mamba2_cache_params passes no config to the dtype helper: the config's
-        # mamba_ssm_dtype is never read (configs/kimi_linear.py:172-183).
-        return dict(layers=layers, linear_attn=linear, intermediate_size=self.need("intermediate_size"), moe=moe)
-
-    def qwen3_next(self) -> dict:
-        n = self.need("num_hidden_layers")
-        interval = self.need("full_attention_interval")
-        linear = LinearAttnSpec(kind="gdn", num_heads=self.need("linear_num_value_heads"),
-                                head_dim=self.need("linear_value_head_dim"),
-                                num_k_heads=self.need("linear_num_key_heads"),
-                                head_k_dim=self.need("linear_key_head_dim"),
-                                conv_kernel=self.need("linear_conv_kernel_dim"))
-        moe = MoESpec(num_experts=self.need("num_experts"), top_k=self.need("num_experts_per_tok"),
-                      intermediate_size=self.need("moe_intermediate_size"),
-                      shared_intermediate_size=self.get("shared_expert_intermediate_size", 0),
-                      shared_expert_gate=self.get("shared_expert_intermediate_size", 0) > 0)
-        mlp = self.qwen_sparse_layers(n)
-        layers = tuple(LayerSpec("attention" if (i + 1) % interval == 0 else "gdn", mlp[i]) for i in range(n))
-        return dict(layers=layers, linear_attn=linear, moe=moe, intermediate_size=self.get("intermediate_size", 0),
-                    attn_output_gate=bool(self.get("attn_output_gate", True)),
-                    mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"))
-
-    def nemotron_h(self) -> dict:
-        pattern = self.cfg.get("hybrid_override_pattern")
-        if pattern is None and self.cfg.get("layers_block_type"):
-            names = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-            pattern = "".join(names.get(t, "?") for t in self.cfg["layers_block_type"])
-        if pattern is None:
-            raise ValueError(f"{self.source}: missing field 'hybrid_override_pattern' needed for {self.arch}")
-        kinds = {"M": LayerSpec("mamba2", "none"), "*": LayerSpec("attention", "none"),
-                 "-": LayerSpec("none", "dense"), "E": LayerSpec("none", "moe")}
-        bad = sorted(set(pattern) - set(kinds))
-        if bad:
-            raise ValueError(f"{self.source}: hybrid_override_pattern has {bad}; expected M, *, - or E")
-        n_groups = self.cfg.get("n_groups") or self.need("mamba_n_groups")
-        linear = LinearAttnSpec(kind="mamba2", num_heads=self.need("mamba_num_heads"),
-                                head_dim=self.need("mamba_head_dim"), num_k_heads=n_groups,
-                                head_k_dim=self.need("ssm_state_size"),
-                                conv_kernel=self.cfg.get("conv_kernel") or self.get("mamba_d_conv", 4))
-        moe = None
-        if "E" in pattern:
-            moe = MoESpec(num_experts=self.need("n_routed_experts"), top_k=self.need("num_experts_per_tok"),
-                          intermediate_size=self.need("moe_intermediate_size"),
-                          shared_intermediate_size=self.get("moe_shared_expert_intermediate_size", 0)
-                          * self.get("n_shared_experts", 0),
-                          gated=False, score_bias=True)
-        # NemotronHConfig.num_hidden_layers is len(layers_block_type) (configs/nemotron_h.py:441)
-        return dict(layers=tuple(kinds[c] for c in pattern), linear_attn=linear, moe=moe,
-                    num_hidden_layers=len(pattern), intermediate_size=self.get("intermediate_size", 0),
-                    dense_mlp_gated=False, mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"))
-
-
 def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
     """Every weight tensor of the model as SGLang builds it (``srt/models/*.py``), with its tp sharding."""
     h = m.hidden_size
     n_attn = sum(1 for layer in m.layers if layer.mixer == "attention")
-    n_dense = sum(1 for layer in m.layers if layer.mlp == "dense")
-    n_moe = sum(1 for layer in m.layers if layer.mlp == "moe")
+    n_dense = sum(1 for layer in m.layers if layer.mlp in ("dense", "moe+dense"))
+    n_moe = sum(1 for layer in m.layers if layer.mlp in ("moe", "moe+dense"))
     n_norms = sum(1 for layer in m.layers if layer.mixer != "none") + sum(1 for layer in m.layers
                                                                         if layer.mlp != "none")
-    if m.architecture in _MAMBA2:
-        n_norms = len(m.layers)  # one norm per Nemotron-H block
+    if m.norms_per_layer is not None:
+        n_norms = m.norms_per_layer * len(m.layers)  # e.g. one norm per Nemotron-H block
     W = WeightTensor
     ts = [W("embed_tokens", m.vocab_size, h, shard="vocab"), W("norms", h, 1, n_norms + 1)]
     if not m.tie_word_embeddings:
@@ -530,6 +374,10 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
                W("gdn.A_log", la.num_heads, 1, n_lin, "col", dtype_bytes=4),
                W("gdn.norm", la.head_dim, 1, n_lin),
                W("gdn.out_proj", h, value_dim, n_lin, "row", quantized=True)]
+    elif la is not None and la.kind == "short_conv":  # models/lfm2.py Lfm2ShortConv (conv_bias false)
+        ts += [W("conv.in_proj", 3 * la.head_dim, h, n_lin, "col", quantized=True),
+               W("conv.conv_weight", la.head_dim, la.conv_kernel, n_lin, "col"),
+               W("conv.out_proj", h, la.head_dim, n_lin, "row", quantized=True)]
     elif la is not None:  # mamba2 (layers/attention/mamba/mamba.py MambaMixer2)
         inner = la.num_heads * la.head_dim
         conv_dim = inner + 2 * la.num_k_heads * la.head_k_dim
@@ -546,11 +394,15 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
     if n_moe and m.moe is not None:
         e = m.moe
         up = 2 if e.gated else 1
-        ts += [W("moe.gate", e.num_experts, h, n_moe),  # the router stays in the model dtype
+        ts += [W("moe.gate", e.num_experts, h, n_moe, dtype_bytes=e.router_dtype_bytes),  # never quantized
                W("moe.experts.w13", up * e.intermediate_size, h, n_moe * e.num_experts, "col",
                  active=e.top_k / e.num_experts, quantized=True),
                W("moe.experts.w2", h, e.intermediate_size, n_moe * e.num_experts, "row",
                  active=e.top_k / e.num_experts, quantized=True)]
+        if e.expert_bias:
+            ts += [W("moe.experts.w13_bias", up * e.intermediate_size, 1, n_moe * e.num_experts, "col",
+                     active=e.top_k / e.num_experts),
+                   W("moe.experts.w2_bias", h, 1, n_moe * e.num_experts, active=e.top_k / e.num_experts)]
         if e.score_bias:
             ts.append(W("moe.e_score_correction_bias", e.num_experts, 1, n_moe, dtype_bytes=4))
         if e.shared_intermediate_size:
@@ -558,4 +410,4 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
                    W("moe.shared.w2", h, e.shared_intermediate_size, n_moe, "row", quantized=True)]
         if e.shared_expert_gate:
             ts.append(W("moe.shared_expert_gate", 1, h, n_moe))
-    return ts
+    return ts + list(m.extra_weights)

@@ -28,12 +28,15 @@ class ServerArgs:
     enable_mixed_chunk: bool = False
     attention_backend: str | None = None  # None: SGLang's default for the GPU (fa3 on Hopper, ...)
     disable_cuda_graph: bool = False
+    disable_prefill_cuda_graph: bool = False  # prefill runs eager (--disable-prefill-cuda-graph)
     # hybrid linear-attention (KDA / GDN / Mamba2) models
     max_mamba_cache_size: int | None = None
     mamba_ssm_dtype: str | None = None  # None: config's mamba_ssm_dtype, else float32
     mamba_full_memory_ratio: float = 0.9
     mamba_radix_cache_strategy: str = "auto"  # auto | no_buffer | extra_buffer
     mamba_track_interval: int = 256
+    # hybrid sliding-window models
+    swa_full_tokens_ratio: float = 0.8  # SWA pool tokens per full pool token
 
     def replace(self, **changes) -> "ServerArgs":
         known = {f.name for f in fields(self)}

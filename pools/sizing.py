@@ -7,9 +7,11 @@ The path mirrors ``KVCacheConfigurator._resolve_memory_pool_config``
    all in SGLang's "GB", which is GiB (``get_available_gpu_memory`` returns ``bytes / (1 << 30)``,
    ``srt/utils/common.py:575``); for hybrid models ``_handle_max_mamba_cache`` (``:3229``) takes the mamba
    pool out of ``rest`` first.
-2. ``DefaultPoolConfigurator.calculate_pool_sizes`` (``model_executor/pool_configurator.py:637``):
-   ``tokens = bytes // cell_size``, floored to a page multiple; ``_apply_token_constraints`` (``:3090``)
-   caps it by ``--max-total-tokens``.
+2. The pool kind's configurator (``pools/pool_configurator.py``, ``model_executor/pool_configurator.py``):
+   ``tokens = bytes // cell_size``, floored to a page multiple (hybrid SWA: split into a full and an SWA
+   pool); ``_apply_token_constraints`` (``:3090``) caps it by ``--max-total-tokens``. The defaults SGLang
+   resolves first (backend, page size, KV dtype, mem_fraction_static) are ``pools/server_defaults.py``;
+   the mamba state term is ``pools/mamba_sizing.py``.
 3. ``resolve_max_num_reqs`` (``:3119``): request rows, capped by the mamba slots.
 4. The ``req_to_token`` table is allocated afterwards (``_build_req_to_token_pool``, ``:1571``), outside
    the budget, from what ``(1 - mem_fraction_static)`` left free.
@@ -29,34 +31,26 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
-from pools.errors import PoolError
+from pools.dtypes import dtype_bytes
+from pools.errors import PoolError, SizingError
 from pools.gpu_catalog import GIB, GPUSpec
-from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool
+from pools.kv_cache import HybridLinearKVPool, KVCache, MHATokenToKVPool, MLATokenToKVPool, SWAKVPool
 from pools.mamba_pool import MambaCacheParams, MambaPool
+from pools.mamba_sizing import (  # noqa: F401 (re-exported: the sizing API)
+    MAMBA_STRATEGIES, _mamba_state_gib, _validate_mamba_strategy, mamba_cache_params, mamba_ratio,
+    resolve_mamba_strategy, split_mamba_budget,
+)
 from pools.model_config import ModelConfig
+from pools.pool_configurator import pool_configurator
+from pools.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
+    default_chunked_prefill_size, default_mem_fraction_static, default_runtime_overhead_gib, kv_heads_per_rank,
+    resolve_attention_backend, resolve_kv_cache_dtype, resolve_page_size,
+)
 from pools.server_args import ServerArgs
 
-# CUDA context + NCCL/distributed init before SGLang takes its baseline; cannot be measured here.
-# tp=1: H100 80GB, 81559 MiB = 79.65 GiB total, SGLang logs "Load weight begin. avail mem=78.43 GB"
-#       (Llama-3.1-8B, 2026-02 SGLang docs CI log) -> 1.22 GiB.
-# tp>1: H200, 143771 MiB = 140.40 GiB, "avail mem=137.29 GB" on TP ranks 1-6 at tp=8
-#       (sgl-project/sglang#11716 log; "Init torch distributed ends. mem usage=2.01 GB") -> 3.11 GiB.
-RUNTIME_OVERHEAD_GIB_TP1 = 1.22
-RUNTIME_OVERHEAD_GIB_MULTI_GPU = 3.11
 
 REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spec decoding, allocation_sizing.py:105
 REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
-MAMBA_BASE_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, kv_cache_configurator.py:234
-MAMBA_CONV_DTYPE = "bfloat16"  # SGLANG_MAMBA_CONV_DTYPE default, environ.py:1628
-MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM"}  # overrides.py:403
-MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
-KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-                   "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
-
-
-class SizingError(ValueError):
-    """A configuration SGLang would refuse (or OOM on); the message is one line naming the parameter."""
 
 
 @dataclass(frozen=True)
@@ -121,11 +115,34 @@ class MemoryPlan:
     mamba_strategy: str | None = None  # no_buffer | extra_buffer | extra_buffer_lazy | off (no radix cache)
     overlap_forced_off: bool = False  # auto resolved to no_buffer, which turns the overlap scheduler off
     disable_overlap_schedule: bool = False
+    # sliding-window attention (None for models without windowed layers)
+    sliding_window: int | None = None
+    swa_layer_ids: tuple[int, ...] | None = None
+    swa_pool: str | None = None  # "hybrid": a separate SWA pool | "all-full": every layer sized as full
+    swa_full_tokens_ratio: float | None = None
+    full_max_total_num_tokens: int | None = None  # "full_layer_tokens=" of SGLang's log
+    swa_max_total_num_tokens: int | None = None  # "swa_layer_tokens="
+    full_k_size_gib: float | None = None  # "Full KV Cache is allocated ... K size"
+    full_v_size_gib: float | None = None
+    swa_k_size_gib: float | None = None  # "SWA KV Cache is allocated ... K size"
+    swa_v_size_gib: float | None = None
+    swa_kv_head_num: int | None = None
+    swa_head_dim: int | None = None
+    swa_v_head_dim: int | None = None
+    # DeepSeek sparse attention (None otherwise)
+    index_head_dim: int | None = None
+    index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
+    latent_row_bytes: int | None = None  # bytes per token per layer of the latent row
+    notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
     warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
 
     @property
     def is_hybrid(self) -> bool:
         return self.max_mamba_cache_size is not None
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return self.swa_pool == "hybrid"
 
     _MAMBA_KEYS = {"max_mamba_cache_size": "max_mamba_cache_size", "mamba_bytes_per_slot": "bytes_per_slot",
                    "conv_state_gib": "conv_state_gib", "ssm_state_gib": "ssm_state_gib",
@@ -146,6 +163,8 @@ class MemoryPlan:
     def make_kv_pool(self, device: str | None = None) -> KVCache:
         """The KV storage pool SGLang builds for this plan (buffers only on a torch device)."""
         size, page, dtype = self.max_total_num_tokens, self.page_size, self.kv_cache_dtype
+        if self.is_hybrid_swa or self.index_head_dim is not None:
+            raise PoolError(f"{self.model}: the simulator's device pools do not model SWA or DSA pools")
         if self.is_hybrid:
             return HybridLinearKVPool(size, page, dtype, list(self.full_attention_layer_ids), mamba_pool=None,
                                       device=device, use_mla=self.attention_arch == "mla", head_num=self.kv_head_num,
@@ -181,13 +200,31 @@ class MemoryPlan:
                                            f"(runtime overhead {self.runtime_overhead_gib:.2f} GiB, assumed)"),
             ("weights per rank", f"{self.weights_gib_per_rank:.2f} GiB"),
             ("KV + state budget (rest)", f"{self.rest_gib:.2f} GiB; headroom {self.non_static_headroom_gib:.2f} GiB"),
-            ("cell size", f"{self.cell_size_bytes} B/token over {self.kv_layer_num} KV layers"),
+            ("cell size", f"{self.cell_size_bytes:,} B/token over {self.kv_layer_num} KV layers"
+                          + (f" (SWA layers weighted by swa_full_tokens_ratio {self.swa_full_tokens_ratio})"
+                             if self.is_hybrid_swa else "")),
             ("max_total_num_tokens", f"{self.max_total_num_tokens:,}"),
         ]
-        if self.k_size_gib is not None:
+        if self.is_hybrid_swa:
+            rows += [("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} of "
+                                        f"{self.kv_layer_num} layers: two pools (hybrid SWA)"),
+                     ("SWA split", f"full_layer_tokens={self.full_max_total_num_tokens:,}, "
+                                   f"swa_layer_tokens={self.swa_max_total_num_tokens:,}"),
+                     ("Full KV pool", f"K size: {self.full_k_size_gib:.2f} GB, V size: {self.full_v_size_gib:.2f} GB"),
+                     ("SWA KV pool", f"K size: {self.swa_k_size_gib:.2f} GB, V size: {self.swa_v_size_gib:.2f} GB"),
+                     ("SWAKVPool mem usage", f"{self.kv_cache_gib:.2f} GB")]
+        elif self.k_size_gib is not None:
             rows.append(("KV pool", f"K size: {self.k_size_gib:.2f} GB, V size: {self.v_size_gib:.2f} GB"))
         else:
             rows.append(("KV pool", f"KV size: {self.kv_size_gib:.2f} GB"))
+        if self.swa_pool == "all-full":
+            rows.append(("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} layers, "
+                                           "not used for sizing: one pool, every layer sized as full "
+                                           "(off SGLang's hybrid-SWA list)"))
+        if self.index_head_dim is not None:
+            rows.append(("DSA index-K cache", f"{self.index_k_size_gib:.2f} GB (in KV size); latent "
+                                              f"{self.latent_row_bytes} B + index {self.index_head_dim + 4} B "
+                                              "per token per layer, page 64"))
         if self.is_hybrid:
             rows += [("mamba slots", f"{self.max_mamba_cache_size:,} x {self.mamba_bytes_per_slot:,} B "
                                      f"({self.linear_attn_kind}, {len(self.linear_layer_ids)} layers)"),
@@ -199,6 +236,7 @@ class MemoryPlan:
                                           + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")),
                  ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
                                         f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
+        rows += [("note", n) for n in self.notes]
         rows += [("warning", w) for w in self.warnings]
         width = max(len(k) for k, _ in rows)
         out = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -218,212 +256,14 @@ class Concurrency:
     binding: str  # kv_tokens | request_rows | mamba_slots | context_len (longer than a request may be)
 
 
-# ---- defaults SGLang resolves from the GPU ------------------------------------------------------
-
-
-def default_runtime_overhead_gib(tp_size: int) -> float:
-    return RUNTIME_OVERHEAD_GIB_TP1 if tp_size == 1 else RUNTIME_OVERHEAD_GIB_MULTI_GPU
-
-
-def _capacity_tier(gpu: GPUSpec, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode CUDA-graph max_bs) by GPU memory, memory_hook.py:93-172."""
-    mib = gpu.memory_mib
-    if mib < 20 * 1024:
-        return 2048, 8
-    if mib < 35 * 1024:
-        return 4096, 48 if tp < 4 else 160
-    if mib < 60 * 1024:
-        return 4096, 32 if tp < 4 else 160
-    if mib < 160 * 1024:  # the <90 GiB (H100, A100) and <160 GiB (H20, H200) tiers agree
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
-
-
-def default_chunked_prefill_size(gpu: GPUSpec, tp: int = 1) -> int:
-    return _capacity_tier(gpu, tp)[0]
-
-
-def prefill_cuda_graph_bs(max_bs: int) -> list[int]:
-    """generate_prefill_cuda_graph_batch_sizes (cuda_graph_hook.py:480)."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
-    return [s for s in sizes if s <= max_bs]
-
-
-def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, chunked_prefill_size: int) -> float:
-    """handle_gpu_memory_settings (memory_hook.py:47-290) without post-capture sizing (its env flag is off)."""
-    tp = args.tp_size
-    gpu_mem = gpu.memory_mib  # MiB
-    decode_max_bs = _capacity_tier(gpu, tp)[1]
-    if args.max_running_requests is not None:
-        decode_max_bs = min(decode_max_bs, args.max_running_requests)  # memory_hook.py:174-180
-    if chunked_prefill_size > 0:
-        activation_tokens = max(chunked_prefill_size, 2048)
-    else:
-        activation_tokens = max(args.max_prefill_tokens, 2048)
-    reserved = 512  # MiB: constant metadata (attention backend)
-    reserved += activation_tokens * 1.5  # MiB: activations
-    reserved += tp * 1 / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes
-    reserved += _reserve_for_graph_mib(model, gpu, args, decode_max_bs, chunked_prefill_size)  # MiB
-    if gpu_mem > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)  # MiB: a 10 GiB floor on big cards
-    return round((gpu_mem - reserved) / gpu_mem, 3)
-
-
-def _prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
-    # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170)
-    return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not (
-        model.linear_attn is not None and model.linear_attn.kind == "kda")
-
-
-def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill_size: int) -> float:
-    """reserve_for_graph_mb (memory_hook.py:292-332)."""
-    reserved = 0.0
-    if not args.disable_cuda_graph:
-        reserved += decode_max_bs * 2  # MiB: decode graphs
-    if _prefill_cuda_graph_on(model, gpu, args):
-        if model.use_mla:
-            reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead
-        else:
-            max_bs = chunked_prefill_size
-            if args.max_total_tokens is not None:
-                max_bs = min(max_bs, args.max_total_tokens)
-            reserved += len(prefill_cuda_graph_bs(max_bs)) * 8  # MiB per captured prefill size
-    return reserved
-
-
-def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, kv_heads_per_rank: int,
-                              extra_buffer: bool) -> tuple[str, int | None]:
-    """(backend, page size a model override forces or None): get_default_attn_backend
-    (model_override_base.py:277) plus the DeepSeek, Qwen3-Next and Nemotron-H sm100 overrides."""
-    if args.attention_backend is not None:
-        backend = args.attention_backend
-    elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
-        backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
-    elif gpu.arch == "sm100" and model.architecture == "Qwen3NextForCausalLM":
-        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 unless the radix cache runs without
-        # the extra buffer (then page 1 and triton)
-        no_buffer_radix = not extra_buffer and not args.disable_radix_cache
-        return ("triton", 1) if no_buffer_radix else ("trtllm_mha", 64)
-    elif gpu.arch == "sm100" and model.architecture == "NemotronHForCausalLM":
-        backend = "trtllm_mha"  # model_overrides/nemotron_h.py:142-143
-    elif not model.use_mla:
-        backend = {"sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "flashinfer")
-        if gpu.arch == "sm100":
-            backend = "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
-    else:
-        backend = {"sm90": "fa3", "sm100": "flashinfer"}.get(gpu.arch, "triton")
-        if gpu.arch == "gfx942":
-            backend = "aiter" if kv_heads_per_rank in (16, 128) else "triton"
-    if backend == "fa3" and args.kv_cache_dtype == "fp8_e5m2":
-        backend = "triton"  # overrides.py:1272-1280
-    return backend, None
-
-
-def resolve_page_size(model: ModelConfig, gpu: GPUSpec, backend: str, page_size: int) -> int:
-    """_mla_backend_page_constraints and _fa4_page_constraint (overrides.py:1143-1300)."""
-    if backend == "flashmla":
-        return 64
-    if backend in ("trtllm_mla", "cutedsl_mla") and page_size not in (32, 64):
-        return 64
-    if backend == "trtllm_mha" and page_size not in (16, 32, 64, 128):
-        return 64
-    if backend == "fa4" and not model.use_mla and gpu.arch == "sm100":
-        return 128
-    return page_size
-
-
-def resolve_mamba_strategy(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> tuple[str, bool, bool]:
-    """(strategy, disable_overlap_schedule, overlap_forced_off): _mamba_radix_cache_resolution (overrides.py:454)."""
-    overlap_off = args.disable_overlap_schedule
-    if args.disable_radix_cache:
-        return "off", overlap_off, False
-    strategy = args.mamba_radix_cache_strategy
-    if strategy == "auto":
-        wants_overlap = not overlap_off
-        wants_paging = args.page_size > 1
-        # linear_attn_backend defaults to triton, which supports the extra buffer (overrides.py:436-450)
-        if (wants_overlap or wants_paging) and model.architecture in MAMBA_EXTRA_BUFFER_ARCHS:
-            return "extra_buffer", overlap_off, False
-        return "no_buffer", True, not overlap_off
-    return strategy, overlap_off, False
-
-
-def mamba_ratio(strategy: str, disable_overlap_schedule: bool) -> int:
-    """_calculate_mamba_ratio (kv_cache_configurator.py:3062): slots a running request may hold."""
-    if strategy == "off":
-        return 1
-    tracking_slots = 0  # get_mamba_tracking_slots, allocation_sizing.py:11
-    if strategy == "extra_buffer_lazy":
-        tracking_slots = 1
-    elif strategy == "extra_buffer":
-        tracking_slots = 1 if disable_overlap_schedule else 2
-    return MAMBA_BASE_RATIO + tracking_slots
-
-
 # ---- pools -------------------------------------------------------------------------------------
 
 
-def resolve_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str) -> str:
-    """configure_kv_cache_dtype (mem_cache/kv_cache_dtype.py:34): auto = the model dtype (fp8 when the
-    checkpoint's quantization_config declares an FP8 KV cache)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise SizingError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
-    if kv_cache_dtype == "auto":
-        return "fp8_e4m3" if model.kv_cache_quant_fp8 else model.dtype
-    return KV_CACHE_DTYPES[kv_cache_dtype]
-
-
-def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
-    """get_num_kv_heads (configs/model_config.py:1700): max(1, kv_heads // tp)."""
-    return max(1, model.num_key_value_heads // tp)
-
-
-def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str) -> KVCache:
+def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str, gpu_arch: str = "sm90",
+                 swa_full_tokens_ratio: float = 0.8) -> KVCache:
     """The KV storage pool SGLang builds (sizes only; no buffers without a device)."""
-    if model.is_hybrid:
-        return HybridLinearKVPool(size, page_size, dtype, model.full_attention_layer_ids, mamba_pool=None,
-                                  use_mla=model.use_mla, head_num=kv_heads_per_rank(model, tp),
-                                  head_dim=model.head_dim, v_head_dim=model.v_head_dim,
-                                  kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
-    layers = len(model.full_attention_layer_ids)
-    if model.use_mla:
-        return MLATokenToKVPool(size, page_size, dtype, model.kv_lora_rank, model.qk_rope_head_dim, layers)
-    return MHATokenToKVPool(size, page_size, dtype, kv_heads_per_rank(model, tp), model.head_dim, layers,
-                            v_head_dim=model.v_head_dim)
-
-
-def mamba_cache_params(model: ModelConfig, tp: int, ssm_dtype_flag: str | None) -> MambaCacheParams:
-    """``mamba2_cache_params``; SSM dtype: --mamba-ssm-dtype, else the config's mamba_ssm_dtype, else float32
-    (mamba2_state_dtype, configs/mamba_utils.py:47-107)."""
-    if ssm_dtype_flag is not None and ssm_dtype_flag not in MAMBA_SSM_DTYPES:
-        raise SizingError(f"--mamba-ssm-dtype {ssm_dtype_flag!r} is not one of {', '.join(MAMBA_SSM_DTYPES)}")
-    config_dtype = model.mamba_ssm_dtype if model.mamba_ssm_dtype in MAMBA_SSM_DTYPES else None
-    ssm_dtype = ssm_dtype_flag or config_dtype or "float32"
-    try:
-        shape = model.linear_attn.state_shape(tp)
-    except PoolError as e:
-        raise SizingError(f"--tp {tp}: {e} (SGLang's divide() asserts)") from None
-    return MambaCacheParams(shape=shape, layers=model.linear_layer_ids, conv_dtype=MAMBA_CONV_DTYPE,
-                            ssm_dtype=ssm_dtype)
-
-
-def split_mamba_budget(rest_gib: float, per_slot_bytes: int, mamba_full_memory_ratio: float) -> tuple[int, float]:
-    """The default branch of _handle_max_mamba_cache (kv_cache_configurator.py:3366-3409), no spec decoding.
-
-    Returns (max_mamba_cache_size, rest_gib left for KV). Float GiB arithmetic in SGLang's order.
-    """
-    r = mamba_full_memory_ratio
-    mamba_budget = rest_gib * r / (1 + r)  # GiB: r/(1+r) of rest goes to state
-    mamba_budget_bytes = mamba_budget * (1 << 30)  # B
-    # slots: floor(budget / slot) - 1, the padding slot paid for
-    max_mamba_cache_size = int((mamba_budget_bytes - per_slot_bytes) // per_slot_bytes)
-    return max_mamba_cache_size, rest_gib - _mamba_state_gib(max_mamba_cache_size, per_slot_bytes)
-
-
-def _mamba_state_gib(max_mamba_cache_size: int, per_slot_bytes: int) -> float:
-    return (max_mamba_cache_size + 1) * per_slot_bytes / (1 << 30)  # GiB, slot 0 included
+    return pool_configurator(model, tp, page_size, dtype, gpu_arch=gpu_arch,
+                             swa_full_tokens_ratio=swa_full_tokens_ratio).kv_pool(size)
 
 
 def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requests: int | None,
@@ -458,7 +298,7 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
             raise SizingError(f"--tp {tp} does not divide num_key_value_heads {kv}")
         if not model.use_mla and kv < tp and tp % kv:
             raise SizingError(f"--tp {tp} is not a multiple of num_key_value_heads {kv}")
-    if model.linear_attn is not None and model.linear_attn.num_heads % tp:
+    if model.linear_attn is not None and model.linear_attn.kind != "short_conv" and model.linear_attn.num_heads % tp:
         raise SizingError(f"--tp {tp} does not divide the {model.linear_attn.kind} heads {model.linear_attn.num_heads}")
     if model.quant_method == "fp8" and model.weight_block_size is not None and tp > 1:
         block_n = model.weight_block_size[0]
@@ -488,7 +328,11 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         if value is not None and value < 1:
             raise SizingError(f"{flag} {value} must be >= 1")
     context_len = _resolve_context_len(model, args)
-    kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype)
+    kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype, gpu)
+    if model.is_hybrid_swa and args.max_running_requests is not None and args.disable_radix_cache and (
+            args.chunked_prefill_size is None or args.chunked_prefill_size > 0):
+        raise SizingError("--max-running-requests with --disable-radix-cache: SGLang sizes this hybrid-SWA model's "
+                          "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
 
     strategy, disable_overlap, overlap_forced_off = (None, args.disable_overlap_schedule, False)
     if model.is_hybrid:
@@ -546,15 +390,18 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         mamba = (params, per_slot, max_mamba)
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
-    cell = make_kv_pool(model, tp, 0, page_size, kv_dtype).cell_size_bytes()  # B per token
-    profiled = available_bytes // cell // page_size * page_size  # tokens, page-floored
     warnings = []
-    max_total_num_tokens = profiled
+    conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                             swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+    cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
+    sizes = conf.calculate_pool_sizes(available_bytes)
+    profiled = sizes.max_total_num_tokens  # tokens, page-floored
     if args.max_total_tokens is not None:
         if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
             warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
                             f"{profiled}. Use the profiled value instead.")
-        max_total_num_tokens = min(profiled, args.max_total_tokens) // page_size * page_size
+        sizes = conf.from_max_tokens(min(profiled, args.max_total_tokens))
+    max_total_num_tokens = sizes.max_total_num_tokens
     if max_total_num_tokens <= 0:
         raise SizingError(f"max_total_num_tokens {max_total_num_tokens}: {rest:.2f} GiB holds no page of "
                           f"{page_size} tokens x {cell} B; raise --mem-fraction-static")
@@ -562,6 +409,9 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
     max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, args.max_running_requests,
                                             mamba[2] if mamba else None, ratio)
+    if max_reqs < 1:  # one rule for plan and run: a pool too small for a single request row
+        raise SizingError(f"--max-total-tokens {args.max_total_tokens}: {max_total_num_tokens} KV tokens give "
+                          f"{max_total_num_tokens} // 2 = 0 request rows; a server needs at least one")
     if capped:  # kv_cache_configurator.py:3140-3156
         warnings.append(f"max_running_requests is capped to {max_reqs} by the mamba state cache "
                         f"(max_mamba_cache_size={mamba[2]}, {ratio} state slots per request)")
@@ -572,9 +422,13 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         warnings.append(f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length {context_len}. "
                         "One full-length request cannot fit.")
 
-    kv_pool = make_kv_pool(model, tp, max_total_num_tokens, page_size, kv_dtype)
+    kv_pool = conf.kv_pool(max_total_num_tokens, sizes.swa_max_total_num_tokens)
     kv_sizes = kv_pool.get_kv_size_bytes()  # B with size + page_size rows per layer
     kv_total = sum(kv_sizes) if isinstance(kv_sizes, tuple) else kv_sizes
+    window_fields = _window_fields(model, kv_pool, args) if model.swa is not None else {}
+    if model.dsa is not None:
+        window_fields = dict(index_head_dim=model.dsa.index_head_dim, index_k_size_gib=kv_pool.index_k_size_bytes() / GIB,
+                             latent_row_bytes=kv_pool.latent_row_bytes)
     max_context_len = context_len + REQ_TO_TOKEN_EXTRA_CONTEXT  # tokens per req_to_token row
     req_to_token_bytes = (max_reqs + 1) * max_context_len * REQ_TO_TOKEN_ENTRY_BYTES  # B, row 0 included
     mamba_total = 0
@@ -620,8 +474,22 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         kv_size_gib=None if isinstance(kv_sizes, tuple) else kv_sizes / GIB,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
-        full_attention_layer_ids=tuple(model.full_attention_layer_ids),
-        disable_overlap_schedule=disable_overlap, warnings=tuple(warnings), **hybrid_fields)
+        full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
+        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
+        **window_fields)
+
+
+def _window_fields(model: ModelConfig, kv_pool: KVCache, args: ServerArgs) -> dict:
+    """What a plan reports about the sliding window: both pools as SGLang logs them, or that it is unused."""
+    out = dict(sliding_window=model.sliding_window, swa_layer_ids=tuple(model.swa_layer_ids))
+    if not isinstance(kv_pool, SWAKVPool):
+        return dict(out, swa_pool="all-full")
+    full, swa = kv_pool.full_kv_pool, kv_pool.swa_kv_pool
+    (fk, fv), (sk, sv) = full.get_kv_size_bytes(), swa.get_kv_size_bytes()
+    return dict(out, swa_pool="hybrid", swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                full_max_total_num_tokens=full.size, swa_max_total_num_tokens=swa.size,
+                full_k_size_gib=fk / GIB, full_v_size_gib=fv / GIB, swa_k_size_gib=sk / GIB, swa_v_size_gib=sv / GIB,
+                swa_kv_head_num=swa.head_num, swa_head_dim=swa.head_dim, swa_v_head_dim=swa.v_head_dim)
 
 
 def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
@@ -635,17 +503,6 @@ def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
                           f"{model.derived_context_len} (SGLang refuses without "
                           "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
     return args.context_length
-
-
-def _validate_mamba_strategy(strategy: str, page_size: int, disable_overlap: bool, args: ServerArgs) -> None:
-    """validate_mamba_no_buffer / validate_mamba_extra_buffer (arg_groups/mamba_hook.py:115-175)."""
-    if strategy == "no_buffer":
-        if page_size != 1:
-            raise SizingError(f"--mamba-radix-cache-strategy no_buffer needs page_size 1, got {page_size}")
-        if not disable_overlap:
-            raise SizingError("--mamba-radix-cache-strategy no_buffer needs --disable-overlap-schedule")
-    if strategy in ("extra_buffer", "extra_buffer_lazy") and args.mamba_track_interval % page_size:
-        raise SizingError(f"--page-size {page_size} does not divide mamba_track_interval {args.mamba_track_interval}")
 
 
 # ---- capacity at a context length ----------------------------------------------------------------
@@ -665,6 +522,8 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
             continue
         pages = -(-length // plan.page_size) * plan.page_size  # tokens held, page-rounded
         kv_limit = plan.max_total_num_tokens // pages
+        if plan.is_hybrid_swa:  # the SWA pool holds about the last window (+ a page) of each request
+            kv_limit = min(kv_limit, plan.swa_max_total_num_tokens // _swa_tokens_per_request(plan, length))
         if kv_limit < rows:
             binding = "kv_tokens"
         else:
@@ -673,9 +532,23 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
     return out
 
 
+def _swa_tokens_per_request(plan: MemoryPlan, context_len: int) -> int:
+    """SWA tokens a request keeps: min(length, window) page-rounded, plus the page SGLang's admission
+    reserves (mem_cache/prefill_budget.py:27-60); out-of-window tokens are released."""
+    held = min(context_len, plan.sliding_window)
+    return -(-held // plan.page_size) * plan.page_size + plan.page_size
+
+
 def bytes_per_request(plan: MemoryPlan, context_len: int) -> int:
-    """KV of ``context_len`` tokens (page-rounded) plus one state slot for hybrids, on one rank."""
+    """KV of ``context_len`` tokens (page-rounded) plus one state slot for hybrids, on one rank; for hybrid
+    SWA, the full layers hold every token and the SWA layers about the last window."""
     pages = -(-context_len // plan.page_size) * plan.page_size
+    if plan.is_hybrid_swa:
+        full_layers = len(plan.full_attention_layer_ids)
+        full_tok = plan.kv_head_num * (plan.head_dim + plan.v_head_dim) * full_layers
+        swa_tok = plan.swa_kv_head_num * (plan.swa_head_dim + plan.swa_v_head_dim) * len(plan.swa_layer_ids)
+        width = dtype_bytes(plan.kv_cache_dtype)
+        return (pages * full_tok + _swa_tokens_per_request(plan, context_len) * swa_tok) * width
     return pages * plan.cell_size_bytes + (plan.mamba_bytes_per_slot or 0)
 
 

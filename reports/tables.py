@@ -65,20 +65,50 @@ def _row(name: str, label: str, value) -> dict:
 
 # ---------------------------------------------------------------- page content
 def verdict_state(summary: dict) -> str:
-    """fits | retracts | aborts (aborts wins when a run does both)."""
+    """fits | retracts | aborts | does-not-fit (cannot keep up or SLO missed); aborts wins over the others."""
     if summary.get("aborted"):
         return "aborts"
+    if summary.get("verdict_status") == "does_not_fit":
+        return "does-not-fit"
     return "retracts" if summary.get("retractions") else "fits"
+
+
+def _deciding_fact(summary: dict) -> Markup | None:
+    """The numbers the verdict's rules are decided on (METRICS.md, summary.verdict_status)."""
+    if "queue_wait_s" not in summary:
+        return None
+    share, rate = summary.get("queue_wait_share_p50"), summary.get("arrival_rate_req_s")
+    fact = Markup("Deciding numbers: {} {} ({} {}); {} {} of {} ({}); {} {}, {} {}").format(
+        metric_link("summary.queue_wait_s.p50", "admission wait p50"), units.seconds(summary["queue_wait_s"]["p50"]),
+        units.percent(share) if share is not None else units.DASH,
+        metric_link("summary.queue_wait_share_p50", "of latency"),
+        metric_link("summary.backlog_at_last_arrival", "unfinished at the last arrival"),
+        units.count(summary["backlog_at_last_arrival"]), units.count(summary["requests"]),
+        units.percent(summary["backlog_frac_at_last_arrival"]),
+        metric_link("summary.arrival_rate_req_s", "arriving"), fmt("summary.arrival_rate_req_s", rate),
+        metric_link("summary.throughput_req_s", "served"), fmt("summary.throughput_req_s", summary["throughput_req_s"]))
+    if summary.get("slo_p99_s") is not None:
+        fact += Markup("; {} {} {}, target {}").format(
+            metric_link("summary.slo_observed_p99_s", "SLO p99"), summary["slo_on"],
+            units.seconds(summary["slo_observed_p99_s"]), units.seconds(summary["slo_p99_s"]))
+    if summary.get("aborted"):
+        causes = [f"{k.replace('_', ' ')} {v}" for k, v in summary.get("abort_causes", {}).items() if v]
+        fact += Markup("; {} by cause: {}").format(metric_link("requests.abort_cause", "aborted"), ", ".join(causes))
+    return fact + Markup(".")
 
 
 def verdict_facts(summary: dict) -> list[Markup]:
     pools = summary["pools"]
     facts = []
+    deciding = _deciding_fact(summary)
+    if deciding is not None:
+        facts.append(deciding)
     binding = summary.get("binding_pool")
     if binding in pools:
         when = pools[binding].get("first_exhausted_s")
         how = (f"ran out first, at t = {units.seconds(when)}" if when is not None
-               else "ran out nowhere; it has the highest peak use")
+               else f"has the highest peak use, {units.percent(pools[binding]['peak_used_frac'])}, without running "
+                    "out (no retraction, always at least a page free or evictable)")
         facts.append(Markup("{}: {} {}.").format(metric_link("summary.binding_pool", "Binding pool"),
                                                  POOL_NAMES.get(binding, binding), how))
     headroom = [Markup("{} {}").format(POOL_NAMES.get(p, p), units.percent(1 - pools[p]["peak_used_frac"]))

@@ -11,10 +11,15 @@ install_chromium() {
         sudo="sudo -n"
     fi
     command -v apt-get >/dev/null 2>&1 || return 1
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver
+    echo "installing Chromium (apt: chromium, chromium-driver and ~130 dependencies) for the report's browser test;" \
+         "log in $log"
+    $sudo apt-get update -qq >"$log" 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >>"$log" 2>&1
 }
 if ! command -v chromium >/dev/null 2>&1; then
+    log="$(mktemp -t poolsim-chromium-install.XXXXXX.log)"
     if ! install_chromium; then
+        [ -s "$log" ] && tail -n 5 "$log" >&2
         echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
         echo "WARNING: could not install Chromium (apt-get install -y chromium chromium-driver" >&2
         echo "failed, or no apt/root). The report's browser test will be SKIPPED." >&2

@@ -3,6 +3,10 @@
 Each replica's loop is SGLang's event loop. Overlap (the default): step i+1 is scheduled while step i
 runs on the GPU, so step i's results (outputs, finishes, frees) land after step i+1 was planned.
 Plain (``--disable-overlap-schedule``): schedule, run, process, repeat.
+
+The arrival process is bench_serving's client: open loop (send at the trace's times) or, with
+``max_concurrency``, closed loop (its semaphore: a request is sent when one of the N in flight finishes), and
+``Barrier`` items between phases (warm-up, back-to-back runs).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from sim.req import Req
 from sim.scheduler import Scheduler
 
 
+FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
+
+
 class Launch(NamedTuple):
     """A forward step on the GPU: what runs, when, and its index."""
 
@@ -24,6 +31,19 @@ class Launch(NamedTuple):
     start: float
     end: float
     step: int
+
+
+KEEP = -1  # Barrier.max_concurrency: keep the current limit
+
+
+class Barrier(NamedTuple):
+    """Between two phases of a client: wait until every request sent so far has finished, wait ``pause_s``, then
+    optionally flush the cache (``/flush_cache``). Later arrival times count from the barrier's end; the next
+    phase runs with ``max_concurrency`` (None: no limit; KEEP: as before)."""
+
+    pause_s: float = 0.0
+    flush_cache: bool = False
+    max_concurrency: int | None = KEEP
 
 
 @dataclass
@@ -38,10 +58,15 @@ class ReplicaState:
 class Simulation:
     def __init__(self, schedulers: list[Scheduler], step_time: Callable, recorder: Recorder,
                  max_new_tokens_for: Callable, router: str = "round_robin", progress: Callable | None = None,
-                 check_every_step: bool = False):
+                 check_every_step: bool = False, max_concurrency: int | None = None,
+                 record_token_times: bool = False):
         self.env = simpy.Environment()
         self.replicas = [ReplicaState(s, self.env.event()) for s in schedulers]
         self.step_time = step_time
+        # per-request CPU time outside the forward passes (AnalyticStepTime.request_cpu_s; 0 for fixed steps)
+        self.request_cpu_s = float(getattr(step_time, "request_cpu_s", 0.0))
+        self._in_transit = 0
+        self._sending_done = False
         self.recorder = recorder
         self.max_new_tokens_for = max_new_tokens_for
         self.router = router
@@ -51,25 +76,91 @@ class Simulation:
         self._rr = 0
         self.num_requests = 0
         self._all_reqs: list[Req] = []
+        # bench_serving's asyncio.Semaphore(max_concurrency): a slot is taken at send and given back at finish
+        self.slots = self._slots(max_concurrency)
+        self.num_done = 0
+        self._drained: simpy.Event | None = None
+        self.barrier_times: list[float] = []  # when each Barrier ended (the next phase's time zero)
+        recorder.on_done = self._on_done
+        # rid -> the time each output token landed (bench_serving's per-token ITL); off by default (memory)
+        self.token_times: dict[int, list[float]] | None = {} if record_token_times else None
 
     # ---------------------------------------------------------------- arrivals
     def _arrivals(self, trace: Iterable):
+        offset = 0.0
         for treq in trace:
-            delay = treq.arrival_s - self.env.now
+            if isinstance(treq, Barrier):
+                yield from self._barrier(treq)
+                offset = self.env.now
+                continue
+            delay = treq.arrival_s + offset - self.env.now
             if delay > 0:
                 yield self.env.timeout(delay)
+            if self.slots is not None:
+                slot = self.slots.get(1)
+                if not slot.triggered:  # a free slot is taken at once: requests sent together arrive together
+                    yield slot
             max_new, ignore_eos = self.max_new_tokens_for(treq)
             req = Req(treq.rid, treq, max_new, ignore_eos)
+            if self.slots is not None or offset:
+                req.arrival_s = self.env.now  # the send time (bench_serving starts a request's clock here)
             if self.check_every_step:
                 self._all_reqs.append(req)
-            state = self._route(req)
-            req.replica = self.replicas.index(state)
-            state.scheduler.now = self.env.now
-            state.scheduler.add_request(req)
             self.num_requests += 1
-            if not state.wakeup.triggered:
-                state.wakeup.succeed()
-        self.arrivals_done.succeed()
+            if self.request_cpu_s > 0:
+                # HTTP, tokenizer and scheduler admission: the request reaches the scheduler later than
+                # it was sent (its clock, arrival_s, started at the send); constant, so order is kept
+                self._in_transit += 1
+                self.env.process(self._deliver_later(req))
+            else:
+                self._deliver(req)
+        self._sending_done = True
+        if not self._in_transit:
+            self.arrivals_done.succeed()
+
+    def _deliver(self, req: Req) -> None:
+        state = self._route(req)
+        req.replica = self.replicas.index(state)
+        state.scheduler.now = self.env.now
+        state.scheduler.add_request(req)
+        if not state.wakeup.triggered:
+            state.wakeup.succeed()
+
+    def _deliver_later(self, req: Req):
+        yield self.env.timeout(self.request_cpu_s)
+        self._deliver(req)
+        self._in_transit -= 1
+        if self._sending_done and not self._in_transit:
+            self.arrivals_done.succeed()
+
+    def _slots(self, limit: int | None) -> simpy.Container | None:
+        return simpy.Container(self.env, limit, init=limit) if limit else None
+
+    def _on_done(self, req: Req) -> None:
+        """A request finished or was aborted: its client call returns."""
+        self.num_done += 1
+        if self.slots is not None:
+            self.slots.put(1)
+        if self._drained is not None and self.num_done == self.num_requests:
+            self._drained.succeed()
+            self._drained = None
+
+    def _barrier(self, barrier: Barrier):
+        if self.num_done < self.num_requests:
+            self._drained = self.env.event()
+            yield self._drained
+        if barrier.pause_s > 0:
+            yield self.env.timeout(barrier.pause_s)
+        if barrier.flush_cache:
+            for state in self.replicas:
+                # SGLang flushes only a fully idle server; bench_serving's flush waits for that
+                while state.scheduler.has_work() or state.gpu_free_at > self.env.now:
+                    yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
+                state.scheduler.flush_cache()
+                state.evicted_seen = 0  # the tree's eviction counter restarts
+        if barrier.max_concurrency != KEEP:
+            self.slots = self._slots(barrier.max_concurrency)
+        self.barrier_times.append(self.env.now)
 
     def _route(self, req: Req) -> ReplicaState:
         if len(self.replicas) == 1:
@@ -104,6 +195,9 @@ class Simulation:
             batch = sched.get_next_batch_to_run()
             launched = None
             if batch is not None:
+                pool = sched.req_to_token_pool  # the step's after-scheduling values, before any result lands
+                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(),
+                             sched.allocator.available_size())
                 start = max(env.now, state.gpu_free_at)
                 state.gpu_free_at = start + self.step_time(batch)
                 launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
@@ -118,9 +212,11 @@ class Simulation:
                 yield env.timeout(max(landed.end - env.now, 0))
                 sched.now = env.now
                 sched.process_batch_result(landed.batch, landed.end, landed.step)
+                if self.token_times is not None:
+                    self._stamp_tokens(landed.batch, landed.end)
             sched.last_batch = batch
             if launched is not None:
-                self._record(state, launched)
+                self._record(state, launched, scheduled)
                 state.step += 1
             if self.check_every_step:
                 self._check(sched, [r for r in self._all_reqs if r.replica == sched.replica])
@@ -135,12 +231,21 @@ class Simulation:
                 state.wakeup = env.event()
                 yield state.wakeup | self.arrivals_done
 
+    def _stamp_tokens(self, batch, end: float) -> None:
+        """A request got a token in this step if its output grew (at most one token per step)."""
+        for req in batch.reqs:
+            times = self.token_times.setdefault(req.rid, [])
+            if len(times) < req.num_output:
+                times.append(end)
+
     def _abort_stuck(self, sched: Scheduler) -> None:
         for req in list(sched.waiting_queue):
-            sched.abort(req)  # can never be scheduled
+            sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
-    def _record(self, state: ReplicaState, launched) -> None:
+    def _record(self, state: ReplicaState, launched, scheduled: tuple) -> None:
+        """Written after the landed result was processed: this step's own on the plain loop, the previous
+        step's under overlap (reports/METRICS.md); ``scheduled``: waiting, running, available before that."""
         sched = state.scheduler
         batch, start, end, step = launched
         tree = sched.tree_cache
@@ -157,6 +262,7 @@ class Simulation:
             mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
+            *scheduled,
         ))
         sched.step_retracted = 0
         sched.step_aborted = []

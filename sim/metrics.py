@@ -15,12 +15,13 @@ STEP_COLUMNS = (
     "prefill_tokens", "cached_prefill_tokens", "decode_tokens", "available_size", "evictable_size",
     "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted", "aborted",
     "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
+    "waiting_scheduled", "running_scheduled", "available_size_scheduled",
 )
 
 REQUEST_COLUMNS = (
     "rid", "replica", "arrival_s", "input_len", "output_len", "max_new_tokens", "admission_steps",
     "first_token_step", "finish_step", "first_token_s", "finish_s", "cached_tokens", "cached_tokens_first",
-    "retraction_count", "aborted", "finished_reason", "tokens_not_cached",
+    "retraction_count", "aborted", "finished_reason", "tokens_not_cached", "abort_cause",
 )
 
 CHUNK_ROWS = 8192  # rows per columnar chunk: a few MB of tuples at most before they are packed
@@ -132,18 +133,21 @@ class Recorder:
         stream = Path(stream_dir) / f"steps.{table_format}" if stream_dir is not None else None
         self.steps = Table(STEP_COLUMNS, chunk_rows, stream, table_format)
         self.requests = Table(REQUEST_COLUMNS, chunk_rows)
+        self.on_done = None  # called with each finished or aborted request (the engine's client releases it)
 
     def on_step(self, row: tuple) -> None:
         self.steps.append(row)
 
     def on_finish(self, req) -> None:
         self.requests.append((
-            req.rid, req.replica, req.arrival_s, req.origin_input_len, req.num_output, req.max_new_tokens,
+            req.rid, req.replica, req.arrival_s, int(req.trace_req.input_len), req.num_output, req.max_new_tokens,
             " ".join(map(str, req.admission_steps)), req.first_token_step, req.finish_step,
             req.first_token_time, req.finish_time, " ".join(map(str, req.cached_tokens)),
             req.cached_tokens[0] if req.cached_tokens else 0, req.retraction_count, req.aborted,
-            req.finished_reason, req.tokens_not_cached,
+            req.finished_reason, req.tokens_not_cached, req.abort_cause or "",
         ))
+        if self.on_done is not None:
+            self.on_done(req)
 
     def step_frame(self) -> pd.DataFrame:
         return self.steps.frame()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import Enum
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: kept free per request by add_one_req_ignore_eos
 
 
 class AddReqResult(Enum):
@@ -37,6 +38,8 @@ class PrefillAdder:
         self.log_hit_tokens = 0
         self.log_input_tokens = 0
         self._mamba = tree_cache.supports_mamba()
+        self.running_batch = running_batch
+        self.req_states: list | None = None  # add_one_req_ignore_eos: (tokens_left, tokens_occupied), sorted
         for r in running_batch.reqs:
             ratio = 1.0 if r.ignore_eos else new_token_ratio
             self.total_offset += min(r.max_new_tokens - r.num_output, CLIP_MAX_NEW_TOKENS) * ratio
@@ -91,6 +94,8 @@ class PrefillAdder:
         return req if truncated else None
 
     def add_one_req(self, req, has_chunked_req: bool) -> AddReqResult:
+        if req.ignore_eos and self.tree_cache.disable:
+            return self.add_one_req_ignore_eos(req)
         max_new = min(max(req.max_new_tokens - req.num_output, 0), CLIP_MAX_NEW_TOKENS)
         cand = req.seqlen - req.prefix_len
         total_tokens = cand + max_new + self.page_size
@@ -128,3 +133,54 @@ class PrefillAdder:
                 return AddReqResult.OTHER
             is_chunked, max_new_tokens = True, 0
         return extend_len, max_new_tokens, is_chunked
+
+    def add_one_req_ignore_eos(self, req) -> AddReqResult:
+        """Radix cache disabled and ``ignore_eos`` (every ``bench_serving --disable-radix-cache`` request): the
+        output lengths are known, so SGLang replays the running requests finishing shortest-remaining-first
+        (each frees what it occupies) and admits if the pool never runs dry, keeping 1 token per request."""
+        cand = req.seqlen - req.prefix_len
+        paged_input = self.ceil_paged_tokens(cand) + self.page_size
+        if not paged_input <= min(self.cur_rem_tokens, self.rem_total_tokens):
+            return AddReqResult.NO_TOKEN
+        if self.req_states is None:
+            self.req_states = []
+            for r in [req, *self.running_batch.reqs, *self.can_run_list]:
+                self._add_req_state(r)
+            self.req_states.sort(key=lambda x: x[0])
+        else:
+            self._add_req_state(req, insert_sort=True)
+        cur_rem = self.cur_rem_tokens - paged_input
+        freed = 0
+        for i, (tokens_left, tokens_occupied) in enumerate(self.req_states):
+            bs = len(self.req_states) - i
+            if cur_rem + freed - tokens_left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
+                return AddReqResult.NO_TOKEN
+            freed += tokens_occupied
+        if self.rem_chunk_tokens is None or cand <= self.rem_chunk_tokens:
+            req.extend_end = req.prefix_len + cand
+            self.can_run_list.append(req)
+            self._update_prefill_budget(0, cand, min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS))
+        else:
+            if self.rem_chunk_tokens <= 0:
+                return AddReqResult.OTHER
+            # the chunk is the whole remaining chunk budget, not page-aligned (this path has no alignment)
+            req.extend_end = req.prefix_len + self.rem_chunk_tokens
+            self.can_run_list.append(req)
+            self.new_chunked_req = req
+            self._update_prefill_budget(0, self.rem_chunk_tokens, 0)
+        return self.budget_state()
+
+    def _add_req_state(self, r, insert_sort: bool = False) -> None:
+        ratio = 1.0 if r.ignore_eos else self.new_token_ratio
+        tokens_left = r.max_new_tokens * ratio - r.num_output
+        if tokens_left <= 0:
+            return
+        state = (tokens_left, r.origin_input_len + r.num_output)
+        if not insert_sort:
+            self.req_states.append(state)
+            return
+        i = 0  # SGLang's loop leaves i at the last index when no entry is larger: it inserts before the last
+        for i in range(len(self.req_states)):
+            if tokens_left <= self.req_states[i][0]:
+                break
+        self.req_states.insert(i, state)

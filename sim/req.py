@@ -13,7 +13,7 @@ class Req:
                  "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
                  "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "cached_tokens",
                  "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica",
-                 "tokens_not_cached")
+                 "tokens_not_cached", "to_finish", "abort_cause")
 
     def __init__(self, rid: int, trace_req, max_new_tokens: int, ignore_eos: bool = False):
         self.rid = rid
@@ -46,6 +46,8 @@ class Req:
         self.finish_step: int | None = None
         self.replica = 0
         self.tokens_not_cached = 0  # KV computed but not kept by the tree at finish (unaligned tail, no state)
+        self.to_finish: str | None = None  # an abort cause applied when the next output lands (SGLang's to_finish)
+        self.abort_cause: str | None = None  # why an aborted request was aborted (reports/METRICS.md)
 
     # ---------------------------------------------------------------- lengths
     @property
@@ -87,9 +89,20 @@ class Req:
         self._prompt = None
 
     # ---------------------------------------------------------------- output
+    def set_finish_with_abort(self, cause: str) -> None:
+        """``Req.set_finish_with_abort``: the prompt becomes the single token 0 (so its prefill is one token) and
+        the request finishes as an abort when that token's output lands."""
+        self.origin_input_len = 1
+        self._prompt = np.zeros(1, dtype=np.int64)
+        self.to_finish = cause
+
     def append_output(self) -> None:
         """One sampled token; update the finish state as ``update_finish_state`` does."""
         self.num_output += 1
+        if self.to_finish is not None:  # a pending abort wins over every other finish
+            self.finished_reason, self.aborted, self.abort_cause = "abort", True, self.to_finish
+            self.to_finish = None
+            return
         if self.num_output >= self.max_new_tokens:
             self.finished_reason = "length"
         elif not self.ignore_eos and self.num_output >= self.target_output_len:

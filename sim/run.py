@@ -17,12 +17,14 @@ from pools.gpu_catalog import GPUSpec
 from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
+from sim import ROUTERS
 from sim.engine import Simulation
 from sim.metrics import CHUNK_ROWS, Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
-from sim.step_time import AnalyticStepTime, Coefficients, FixedStepTime, ModelCost
-from sim.summary import summarize
+from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
+                            calibration_source)
+from sim.summary import SLO_METRICS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
 
@@ -41,6 +43,7 @@ class RunResult:
     summary: dict
     run: dict
     plan: MemoryPlan
+    token_times: dict | None = None  # rid -> output token times (simulate(token_times=True))
 
 
 def max_new_tokens_policy(policy: str) -> Callable:
@@ -113,28 +116,52 @@ def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Mem
             "crossover_context_len": crossover_context_len(model, args)}
 
 
+def check_router(router: str) -> None:
+    if router not in ROUTERS:
+        raise ValueError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+
+
 def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
              seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
              step_time: str = "analytic", calibration: str | None = None,
              runtime_overhead_gib: float | None = None, check: bool = False,
-             progress: Callable | None = None, stream_dir=None, table_format: str = "csv",
-             chunk_rows: int = CHUNK_ROWS) -> RunResult:
-    """``stream_dir``: also write the step table there (steps.csv / steps.parquet) chunk by chunk as it runs."""
+             progress: Callable | None = None, max_concurrency: int | None = None,
+             token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
+             stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS) -> RunResult:
+    """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
+    ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
+    ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
+    also return when each output token landed (per-token ITL). ``slo_p99_s``/``slo_on``: a p99 latency target
+    (e2e or ttft) the verdict checks (sim/summary.py). ``stream_dir``: also write the step table there
+    (steps.csv / steps.parquet) chunk by chunk as it runs."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    if slo_on not in SLO_METRICS:
+        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
+    if slo_p99_s is not None and not slo_p99_s > 0:
+        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+    check_router(router)
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    if plan.is_hybrid_swa:  # never simulate it on one pool: admission and release differ slot for slot
+        raise ValueError(f"--model {model.name}: run does not simulate hybrid-SWA models yet (SGLang's "
+                         "SWATokenToKVPoolAllocator, window release and SWA radix component are not modelled); "
+                         "`poolsim plan` sizes both pools")
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
     recorder = Recorder(stream_dir, table_format, chunk_rows)
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i) for i in range(args.dp_size)]
-    clock = _step_time(step_time, model, gpu, plan, calibration)
+    clock = _step_time(step_time, model, gpu, plan, calibration, args)
     sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
-                     router=router, progress=progress, check_every_step=check)
+                     router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
+                     record_token_times=token_times)
     sim.run(trace)
     steps, requests = recorder.step_frame(), recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
             "context_len": config.max_context_len, "dp_size": args.dp_size,
-            "retraction_events": [e for s in servers for e in s.retraction_events]}
+            "retraction_events": [e for s in servers for e in s.retraction_events],
+            "slo_p99_s": slo_p99_s, "slo_on": slo_on}
     summary = summarize(steps, requests, meta)
     run = {
         "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
@@ -142,11 +169,12 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "max_new_tokens_policy": max_new_tokens, "router": router, "step_time_model": clock.describe(),
         "overlap_schedule": config.enable_overlap, "memory_plan": plan.to_dict(),
         "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
+        "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
-    return RunResult(steps, requests, summary, run, plan)
+    return RunResult(steps, requests, summary, run, plan, sim.token_times)
 
 
-def _step_time(spec: str, model, gpu, plan, calibration):
+def _step_time(spec: str, model, gpu, plan, calibration, args=None):
     if spec.startswith("fixed:"):
         try:
             return FixedStepTime(float(spec.split(":", 1)[1]) / 1e3)
@@ -155,5 +183,5 @@ def _step_time(spec: str, model, gpu, plan, calibration):
     if spec != "analytic":
         raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
     coeffs = Coefficients.from_calibration(calibration) if calibration else None
-    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan), coeffs,
-                            source=f"calibration {calibration}" if calibration else "default coefficients")
+    source = calibration_source(calibration) if calibration else f"fitted defaults; {MEASURED_ERROR}"
+    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan, args), coeffs, source=source)

@@ -20,7 +20,7 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per rema
 
 class ScheduleBatch:
     __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
-                 "cached_lens", "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool")
+                 "cached_lens", "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool", "mamba_tracks")
 
     def __init__(self, reqs, tree_cache, req_to_token_pool, forward_mode: str = "decode"):
         self.reqs = list(reqs)
@@ -34,6 +34,7 @@ class ScheduleBatch:
         self.chunked_req = None
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
+        self.mamba_tracks = None  # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
 
     def copy(self) -> "ScheduleBatch":
         """What the result processor sees: the membership and shape at launch time."""
@@ -42,6 +43,7 @@ class ScheduleBatch:
         b.extend_lens, b.prefix_lens, b.decode_seq_lens = self.extend_lens, self.prefix_lens, self.decode_seq_lens
         b.cached_lens = self.cached_lens
         b.chunked_req = self.chunked_req
+        b.mamba_tracks = self.mamba_tracks
         return b
 
     def is_empty(self) -> bool:
@@ -82,6 +84,7 @@ class ScheduleBatch:
         self.forward_mode = "mixed"
         self.decoding_reqs = list(running.reqs)
         self.decode_seq_lens = running.decode_seq_lens
+        self.mamba_tracks = running.mamba_tracks
         self.reqs.extend(running.reqs)
 
     # ---------------------------------------------------------------- decode
@@ -101,8 +104,8 @@ class ScheduleBatch:
         self.decode_seq_lens = [r.kv.kv_committed_len + 1 for r in self.reqs]
         alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
         if self.tree_cache.supports_mamba():
-            for r in self.reqs:
-                self.tree_cache.track_after_decode(r)
+            tracks = {id(r): t for r in self.reqs if (t := self.tree_cache.track_after_decode(r)) is not None}
+            self.mamba_tracks = tracks or None
 
     def retract_decode(self):
         """Release requests (fewest outputs first, ties: longest prompt) until the next decode fits.

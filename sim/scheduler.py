@@ -86,20 +86,24 @@ class Scheduler:
 
     # ---------------------------------------------------------------- intake
     def add_request(self, req) -> bool:
-        """Validate and queue a request (``_handle_generate_request``); False if it was aborted."""
-        if req.origin_input_len >= self.max_req_input_len:
-            self.abort(req)  # the input is longer than the context or the KV pool
-            return False
+        """Validate and queue a request (``_handle_generate_request``); False if it will finish as an abort.
+
+        ``max_new_tokens`` is clipped with the original prompt length first (``init_req_max_new_tokens``); a
+        prompt too long for the context or the KV pool is not dropped: it is queued with the one-token prompt
+        ``[0]``, prefilled like any request, and finishes as an abort when that step's result is processed."""
         max_new = min(req.max_new_tokens, self.max_req_len - req.origin_input_len - 1)
         paged_input = -(-req.origin_input_len // self.page_size) * self.page_size
         capacity = self.config.max_total_num_tokens
         req.max_new_tokens = max(0, min(max_new, capacity - paged_input - self.page_size - 1))
+        too_long = req.origin_input_len >= self.max_req_input_len
+        if too_long:
+            req.set_finish_with_abort("input_too_long")
         self.waiting_queue.append(req)
-        return True
+        return not too_long
 
-    def abort(self, req) -> None:
+    def abort(self, req, cause: str) -> None:
         """SGLang's FINISH_ABORT: the request ends now, without output, and is reported."""
-        req.finished_reason, req.aborted = "abort", True
+        req.finished_reason, req.aborted, req.abort_cause = "abort", True, cause
         req.finish_time = self.now
         self.step_aborted.append(req)
         if self.recorder is not None:
@@ -243,7 +247,7 @@ class Scheduler:
             self.new_token_ratio.current = ratio
             self.step_retracted += len(retracted)
             for req in aborted:  # even the last request could not decode: its KV is already released
-                self.abort(req)
+                self.abort(req, "decode_out_of_memory")
             self.waiting_queue.extend(retracted)
         else:
             self.new_token_ratio.decay_step()
@@ -261,7 +265,7 @@ class Scheduler:
             if batch.is_extend():
                 self._process_prefill_result(batch, end_time, step)
             else:
-                self._process_decode_reqs(batch.reqs, end_time, step)
+                self._process_decode_reqs(batch.reqs, end_time, step, batch.mamba_tracks)
         finally:
             self.allocator.free_group_end()
 
@@ -270,7 +274,7 @@ class Scheduler:
         for req in batch.reqs:
             if id(req) in decoding:
                 if not (self.config.enable_overlap and (req.finished() or req.is_retracted)):
-                    self._process_decode_reqs([req], end_time, step)
+                    self._process_decode_reqs([req], end_time, step, batch.mamba_tracks)
                 continue
             if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
                 continue
@@ -285,12 +289,14 @@ class Scheduler:
             else:
                 req.inflight_middle_chunks -= 1
 
-    def _process_decode_reqs(self, reqs, end_time: float, step: int) -> None:
+    def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
         for req in reqs:
             if overlap and (req.finished() or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
+            if mamba_tracks and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
+                self.tree_cache.commit_decode_track(req, mamba_tracks[id(req)])
             if req.finished():
                 self._finish(req, end_time, step)
 
@@ -300,8 +306,22 @@ class Scheduler:
         req.tokens_not_cached = owned - min(req.kv.cache_protected_len, owned)
         req.finish_time, req.finish_step = end_time, step
         req.drop_token_cache()
+        if req.aborted:
+            self.step_aborted.append(req)
         if self.recorder is not None:
             self.recorder.on_finish(req)
+
+    def flush_cache(self) -> None:
+        """``/flush_cache`` on an idle server (scheduler.py flush_cache): empty tree, pools and slots."""
+        if self.has_work():
+            raise RuntimeError("flush_cache needs an idle server (no queued or running requests)")
+        self.last_batch = None
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        mamba = getattr(self.req_to_token_pool, "mamba_allocator", None)
+        if mamba is not None:
+            mamba.clear()
+        self.allocator.clear()
 
     def on_idle(self) -> None:
         self.new_token_ratio.reset()

@@ -1,39 +1,154 @@
 """Step-time models: map a scheduled batch to the seconds its forward pass takes on one tp group.
 
-``AnalyticStepTime`` is a roofline per step, on one tp rank (all ranks run the same shapes):
+``AnalyticStepTime`` is a roofline per step on one tp rank (all ranks run the same shapes), plus the
+fixed costs a roofline cannot see:
 
-    t = max(flops / (peak_flops x MFU), bytes / (hbm_bandwidth x BW_EFFICIENCY)) + comm + OVERHEAD_S
+    t = max(compute, memory) + launch + moe + linear + comm + step_overhead_s
 
-    flops = 2 x active_params/tp x tokens                        GEMMs (MoE: top-k experts per token)
-          + attention pairs x flops_per_pair                      causal prefill: e x p + e(e+1)/2 per request;
-                                                                  decode: seq_len per request
-          + linear-attention tokens x 6 x H/tp x K x V x L_lin    KDA/GDN state update per token
-    bytes = dense weights + routed-expert weights x (experts touched / experts)   weights read once per step
-          + context tokens x KV cell bytes                        attention reads each request's KV once
-          + new tokens x KV cell bytes                            KV writes
-          + 2 x state bytes per request slot                      recurrent state read + write
-    comm  = 2 all-reduces per layer of tokens x hidden x 2 B: 2 (tp-1)/tp x bytes / LINK_BANDWIDTH + latency
+    compute = dense flops / (peak x mfu[arch])                        dense GEMMs, attention
+            + routed-expert flops / (peak x mfu[arch] x moe_gemm_efficiency)   MoE grouped GEMM
+        dense flops  = 2 x (active params - active expert params)/tp x tokens
+                     + attention pairs x flops_per_pair                  causal prefill: e x p + e(e+1)/2;
+                                                                         decode: seq_len per request
+                     + linear-attention tokens x 6 x H/tp x K x V x L_lin   KDA/GDN state update
+    memory  = bytes / (hbm_bandwidth x hbm_efficiency[arch])
+        bytes = dense weights + routed-expert weights x (share of experts the batch touches)
+              + context tokens x KV cell bytes + new tokens x KV cell bytes + 2 x state bytes per request
+    launch  = layers x (graph_layer_s[arch]  if the step replays a CUDA graph: decode batches up to
+                                               SGLang's cuda_graph_max_bs; prefill where the prefill graph is on
+                        eager_layer_s[arch]  otherwise: kernel launches and Python per layer)
+            + layers x fp8_layer_s[arch] with FP8 linear layers (activation quantization per GEMM)
+    moe     = MoE layers x tokens x moe_token_layer_s                  top-k routing, permute/unpermute
+            + EP all-to-all: 2 x MoE layers x tokens x top_k x hidden x 2 B x (ep-1)/ep / link
+              (ep from ServerArgs.ep_size where present; poolsim has no --ep flag yet, so it is off)
+    linear  = linear layers x prefill tokens x linear_prefill_token_layer_s   chunked KDA/GDN/Mamba2
+                                                                              scan + causal conv in prefill
+    comm    = 2 all-reduces per layer of tokens x hidden x 2 B:
+              2 (tp-1)/tp x bytes / (GPU link bandwidth x link_efficiency) + allreduce_latency_s
 
-The efficiency constants below are defaults from public measurements of the same class of kernels;
-a calibration file measured on the GPU (``--calibration FILE``, JSON written by the GPU calibration
-mode) replaces them. The same batch always gives the same time.
+``request_cpu_s`` is not GPU time: it is what a request spends outside the forward passes (HTTP,
+tokenizer, scheduler admission, detokenizer), which bench_serving counts inside TTFT and E2E.
+
+The defaults are fitted to published SGLang runs (bench/data/published_runs.csv, fit by
+bench/time_accuracy.py --fit on its deterministic training half); FIT_BOUNDS gives each coefficient's
+plausible range. A calibration file measured on the GPU (``--calibration FILE``) replaces them.
+No coefficient is keyed on a model or benchmark name; those keyed on a GPU architecture carry to
+every GPU of that architecture. The same batch always gives the same time.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-MFU = 0.55  # achieved / peak dense FLOP/s in large prefill GEMMs and flash attention
-BW_EFFICIENCY = 0.75  # achieved / spec HBM bandwidth when streaming weights and KV in decode
-OVERHEAD_S = 0.0015  # per step: kernel launches (CUDA graph replay), sampling, scheduler work not overlapped
-LINK_BANDWIDTH = 450e9  # B/s per direction; NVLink 4 (H100/H200 NVSwitch): 900 GB/s bidirectional
-ALLREDUCE_LATENCY_S = 8e-6  # one small all-reduce with SGLang's custom all-reduce kernel
+from pools.gpu_catalog import ARCHS
+
+# What each coefficient is, and where its value comes from.
+DESCRIPTIONS = {
+    **{f"hbm_efficiency_{a}": f"achieved / datasheet HBM bandwidth on {a}, streaming weights and KV in decode"
+       for a in ARCHS},
+    **{f"mfu_{a}": f"achieved / dense peak FLOP/s on {a} in prefill GEMMs and attention" for a in ARCHS},
+    "moe_gemm_efficiency": "MoE grouped-GEMM throughput relative to a dense GEMM of the same flops",
+    **{f"graph_layer_s_{a}": f"s per layer of a step that replays a CUDA/HIP graph on {a} (kernel gaps)"
+       for a in ARCHS},
+    **{f"eager_layer_s_{a}": f"s per layer of an eager step on {a} (launches, Python, allocator)" for a in ARCHS},
+    **{f"fp8_layer_s_{a}": f"s per layer per step on {a} when the linear layers are FP8: the activation "
+                            "quantization kernels each FP8 GEMM adds" for a in ARCHS},
+    "step_overhead_s": "s per step: sampling, scheduler work the overlap scheduler does not hide",
+    "moe_token_layer_s": "s per token per MoE layer: top-k routing, permute and unpermute",
+    "linear_prefill_token_layer_s": "s per prefill token per linear-attention layer: chunked KDA/GDN/Mamba2 "
+                                    "scan and causal conv",
+    "link_efficiency": "achieved / datasheet link bandwidth in all-reduce and all-to-all",
+    "allreduce_latency_s": "s per small all-reduce (SGLang's custom all-reduce kernel; not fitted: no published "
+                           "case resolves it)",
+    "request_cpu_s": "s per request outside the GPU: HTTP, tokenizer, scheduler admission, detokenizer",
+}
+
+# The values before any fit, and what the fit starts from (so a fit is reproducible): the usual rule-of-thumb
+# efficiencies of serving kernels (75 % of HBM bandwidth, 55 % MFU), a few us of gap per layer in a replayed
+# graph and ~10 launches of ~15 us per layer eager, 1.5 ms per step and 60 ms per request of CPU work.
+PRIORS = {
+    **{f"hbm_efficiency_{a}": 0.75 for a in ARCHS},
+    **{f"mfu_{a}": 0.55 for a in ARCHS},
+    "moe_gemm_efficiency": 0.5,
+    **{f"graph_layer_s_{a}": 20e-6 for a in ARCHS},
+    **{f"eager_layer_s_{a}": 150e-6 for a in ARCHS},
+    **{f"fp8_layer_s_{a}": 10e-6 for a in ARCHS},
+    "step_overhead_s": 1.5e-3,
+    "moe_token_layer_s": 5e-9,
+    "linear_prefill_token_layer_s": 20e-9,
+    "link_efficiency": 0.7,
+    "allreduce_latency_s": 8e-6,
+    "request_cpu_s": 0.06,
+}
+
+# Fitted values: the block between the markers is written by `python bench/time_accuracy.py --fit
+# --write-defaults` from the training half of bench/data/published_runs.csv ("prior": no training case
+# of that architecture publishes latencies, the pre-fit default stays; "at bound": the data pushes it to
+# its FIT_BOUNDS edge, so the data does not resolve it).
+# BEGIN FITTED DEFAULTS
+DEFAULTS = {
+    "hbm_efficiency_sm80": 0.4393,
+    "hbm_efficiency_sm89": 0.75,  # prior
+    "hbm_efficiency_sm90": 0.75,  # prior
+    "hbm_efficiency_sm100": 0.6211,
+    "hbm_efficiency_gfx942": 0.4312,
+    "mfu_sm80": 0.85,  # at bound
+    "mfu_sm89": 0.55,  # prior
+    "mfu_sm90": 0.55,  # prior
+    "mfu_sm100": 0.7283,
+    "mfu_gfx942": 0.1284,
+    "moe_gemm_efficiency": 0.125,
+    "graph_layer_s_sm80": 1e-06,  # at bound
+    "graph_layer_s_sm89": 2e-05,  # prior
+    "graph_layer_s_sm90": 2e-05,  # prior
+    "graph_layer_s_sm100": 5e-05,  # at bound
+    "graph_layer_s_gfx942": 0.0001589,
+    "eager_layer_s_sm80": 5e-05,  # at bound
+    "eager_layer_s_sm89": 0.00015,  # prior
+    "eager_layer_s_sm90": 0.00015,  # prior
+    "eager_layer_s_sm100": 5e-05,  # at bound
+    "eager_layer_s_gfx942": 5e-05,  # at bound
+    "fp8_layer_s_sm80": 1e-05,  # prior
+    "fp8_layer_s_sm89": 1e-05,  # prior
+    "fp8_layer_s_sm90": 1e-05,  # prior
+    "fp8_layer_s_sm100": 2.563e-05,
+    "fp8_layer_s_gfx942": 0.0001151,
+    "step_overhead_s": 0.002661,
+    "moe_token_layer_s": 1e-10,  # at bound
+    "linear_prefill_token_layer_s": 1e-06,  # at bound
+    "link_efficiency": 1,  # at bound
+    "allreduce_latency_s": 8e-06,  # prior
+    "request_cpu_s": 0.09388,
+}
+MEASURED_ERROR = ('held-out median |error| 7% throughput, 24% TTFT, 8% TPOT (full simulation of 19 held-out '
+                  'published SGLang runs, 2026-12-01; bench/README.md)')
+# END FITTED DEFAULTS
+
+# Plausible range of every fittable coefficient: the GPU calibration fit and bench/time_accuracy.py --fit
+# stay inside these.
+FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    **{f"hbm_efficiency_{a}": (0.2, 0.95) for a in ARCHS},
+    **{f"mfu_{a}": (0.1, 0.85) for a in ARCHS},
+    "moe_gemm_efficiency": (0.1, 1.0),
+    # a replayed graph: kernel gaps of a few us per layer (AMD's HIP graphs replay slower: wider range)
+    **{f"graph_layer_s_{a}": (1e-6, 300e-6 if a == "gfx942" else 50e-6) for a in ARCHS},
+    **{f"eager_layer_s_{a}": (50e-6, 1e-3) for a in ARCHS},  # eager: >= ~10 launches of >= 5 us per layer
+    **{f"fp8_layer_s_{a}": (1e-6, 500e-6) for a in ARCHS},
+    "step_overhead_s": (1e-4, 10e-3),
+    "moe_token_layer_s": (1e-10, 1e-6),
+    "linear_prefill_token_layer_s": (1e-10, 1e-6),
+    "link_efficiency": (0.2, 1.0),
+    "allreduce_latency_s": (1e-6, 50e-6),
+    "request_cpu_s": (1e-3, 0.3),
+}
 
 
 class FixedStepTime:
     """Every forward step takes the same time (a unit clock for reasoning in steps)."""
+
+    request_cpu_s = 0.0
 
     def __init__(self, seconds: float = 0.01):
         if seconds <= 0:
@@ -49,11 +164,51 @@ class FixedStepTime:
 
 @dataclass(frozen=True)
 class Coefficients:
-    mfu: float = MFU
-    bw_efficiency: float = BW_EFFICIENCY
-    overhead_s: float = OVERHEAD_S
-    link_bandwidth: float = LINK_BANDWIDTH
-    allreduce_latency_s: float = ALLREDUCE_LATENCY_S
+    hbm_efficiency_sm80: float = DEFAULTS["hbm_efficiency_sm80"]
+    hbm_efficiency_sm89: float = DEFAULTS["hbm_efficiency_sm89"]
+    hbm_efficiency_sm90: float = DEFAULTS["hbm_efficiency_sm90"]
+    hbm_efficiency_sm100: float = DEFAULTS["hbm_efficiency_sm100"]
+    hbm_efficiency_gfx942: float = DEFAULTS["hbm_efficiency_gfx942"]
+    mfu_sm80: float = DEFAULTS["mfu_sm80"]
+    mfu_sm89: float = DEFAULTS["mfu_sm89"]
+    mfu_sm90: float = DEFAULTS["mfu_sm90"]
+    mfu_sm100: float = DEFAULTS["mfu_sm100"]
+    mfu_gfx942: float = DEFAULTS["mfu_gfx942"]
+    moe_gemm_efficiency: float = DEFAULTS["moe_gemm_efficiency"]
+    graph_layer_s_sm80: float = DEFAULTS["graph_layer_s_sm80"]
+    graph_layer_s_sm89: float = DEFAULTS["graph_layer_s_sm89"]
+    graph_layer_s_sm90: float = DEFAULTS["graph_layer_s_sm90"]
+    graph_layer_s_sm100: float = DEFAULTS["graph_layer_s_sm100"]
+    graph_layer_s_gfx942: float = DEFAULTS["graph_layer_s_gfx942"]
+    eager_layer_s_sm80: float = DEFAULTS["eager_layer_s_sm80"]
+    eager_layer_s_sm89: float = DEFAULTS["eager_layer_s_sm89"]
+    eager_layer_s_sm90: float = DEFAULTS["eager_layer_s_sm90"]
+    eager_layer_s_sm100: float = DEFAULTS["eager_layer_s_sm100"]
+    eager_layer_s_gfx942: float = DEFAULTS["eager_layer_s_gfx942"]
+    fp8_layer_s_sm80: float = DEFAULTS["fp8_layer_s_sm80"]
+    fp8_layer_s_sm89: float = DEFAULTS["fp8_layer_s_sm89"]
+    fp8_layer_s_sm90: float = DEFAULTS["fp8_layer_s_sm90"]
+    fp8_layer_s_sm100: float = DEFAULTS["fp8_layer_s_sm100"]
+    fp8_layer_s_gfx942: float = DEFAULTS["fp8_layer_s_gfx942"]
+    step_overhead_s: float = DEFAULTS["step_overhead_s"]
+    moe_token_layer_s: float = DEFAULTS["moe_token_layer_s"]
+    linear_prefill_token_layer_s: float = DEFAULTS["linear_prefill_token_layer_s"]
+    link_efficiency: float = DEFAULTS["link_efficiency"]
+    allreduce_latency_s: float = DEFAULTS["allreduce_latency_s"]
+    request_cpu_s: float = DEFAULTS["request_cpu_s"]
+
+    def hbm_efficiency(self, arch: str) -> float:
+        return getattr(self, f"hbm_efficiency_{arch}")
+
+    def mfu(self, arch: str) -> float:
+        return getattr(self, f"mfu_{arch}")
+
+    def layer_s(self, arch: str, graph: bool) -> float:
+        return getattr(self, f"{'graph' if graph else 'eager'}_layer_s_{arch}")
+
+    @staticmethod
+    def names() -> list[str]:
+        return [f.name for f in fields(Coefficients)]
 
     @staticmethod
     def from_calibration(path: str | Path) -> "Coefficients":
@@ -61,16 +216,29 @@ class Coefficients:
         try:
             data = json.loads(Path(path).read_text())
             coeffs = data["coefficients"]
+            unknown = set(coeffs) - set(Coefficients.names())
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
-        base = Coefficients()
-        unknown = set(coeffs) - set(base.__dataclass_fields__)
         if unknown:
             raise ValueError(f"{path}: unknown coefficient(s) {', '.join(sorted(unknown))}")
-        bad = [k for k, v in coeffs.items() if not isinstance(v, (int, float)) or v <= 0]
+        bad = [k for k, v in coeffs.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
         if bad:
             raise ValueError(f"{path}: coefficient(s) {', '.join(bad)} must be positive numbers")
-        return replace(base, **{k: float(v) for k, v in coeffs.items()})
+        return replace(Coefficients(), **{k: float(v) for k, v in coeffs.items()})
+
+
+def calibration_source(path: str | Path) -> str:
+    """How ``run`` names a calibration file: its path, and the device and date it was measured on."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return f"calibration {path}"
+    if not isinstance(data, dict):
+        return f"calibration {path}"
+    what = ", ".join(str(data[k]) for k in ("device", "date") if data.get(k))
+    error = data.get("measured_error")  # what the calibration run measured, if it says
+    return (f"calibration {path}" + (f" ({what})" if what else "")
+            + (f"; {error}" if error else "; its error against published runs: not measured"))
 
 
 @dataclass(frozen=True)
@@ -81,7 +249,7 @@ class ModelCost:
     expert_weight_bytes: float  # all routed experts of all layers
     num_experts: int  # routed experts per layer (0: dense model)
     top_k: int
-    active_params: float  # multiplied through per token, per rank
+    active_params: float  # multiplied through per token, per rank (routed experts: top_k of them)
     kv_cell_bytes: float  # KV bytes per token over the full-attention layers, per rank
     prefill_pair_flops: float  # attention flops per (query, key) pair over all full-attention layers, per rank
     decode_pair_flops: float
@@ -92,16 +260,30 @@ class ModelCost:
     tp: int
     peak_flops: float
     hbm_bandwidth: float
+    expert_active_params: float = 0.0  # routed-expert part of active_params (MoE grouped GEMM)
+    num_moe_layers: int = 0
+    num_linear_layers: int = 0
+    ep: int = 1
+    arch: str = "sm90"
+    link_bandwidth: float = 450e9  # B/s per direction (GPU catalog)
+    cuda_graph_max_bs: int = 0  # decode batches up to this replay a CUDA graph (0: graphs off)
+    prefill_cuda_graph: bool = False  # prefill runs in a (breakable) CUDA graph
+    fp8: bool = False  # FP8 linear layers (block-quantized checkpoint): activation quantization per GEMM
 
     @staticmethod
-    def from_model(model, gpu, plan) -> "ModelCost":
+    def from_model(model, gpu, plan, args=None) -> "ModelCost":
+        """``args`` (ServerArgs, optional) says whether CUDA graphs are on and the EP size; without it
+        SGLang's defaults apply."""
+        from pools.server_defaults import decode_cuda_graph_max_bs, prefill_cuda_graph_on
+
         tp = plan.tp_size
         total = model.weight_bytes_per_rank(tp)
-        expert = 0.0
+        expert = expert_active = 0.0
         for t in model.weight_tensors():
             if t.active < 1.0 and not t.runtime_copy:
                 out, inp = t.shape_per_rank(tp)
                 expert += out * inp * t.count * model.weight_bytes_per_param
+                expert_active += t.numel * t.active / tp
         full_layers = len(model.full_attention_layer_ids)
         heads = max(1, model.num_attention_heads // tp)
         if model.use_mla:
@@ -111,11 +293,20 @@ class ModelCost:
         else:
             prefill_pair = decode_pair = 2 * heads * (model.head_dim + model.v_head_dim) * full_layers
         linear = 0.0
+        num_linear = len(model.linear_layer_ids) if model.linear_attn is not None else 0
         if model.linear_attn is not None:
             la = model.linear_attn
             lin_heads = max(1, la.num_heads // tp)
-            linear = 6 * lin_heads * la.head_k_dim * la.head_dim * len(model.linear_layer_ids)
+            linear = 6 * lin_heads * la.head_k_dim * la.head_dim * num_linear
         quant_fp8 = model.quant_method == "fp8"
+        layers = getattr(model, "layers", ()) or ()
+        num_moe = sum(1 for spec in layers if getattr(spec, "mlp", None) == "moe")
+        if model.moe and not num_moe:
+            num_moe = model.num_hidden_layers
+        graphs_off = bool(args is not None and args.disable_cuda_graph)
+        max_bs = 0 if graphs_off else decode_cuda_graph_max_bs(
+            gpu, tp, getattr(args, "max_running_requests", None))
+        prefill_graph = (not graphs_off) and args is not None and prefill_cuda_graph_on(model, gpu, args)
         return ModelCost(
             dense_weight_bytes=total - expert,
             expert_weight_bytes=expert,
@@ -132,6 +323,15 @@ class ModelCost:
             tp=tp,
             peak_flops=gpu.fp8_flops if quant_fp8 else gpu.bf16_flops,
             hbm_bandwidth=gpu.hbm_bandwidth,
+            expert_active_params=expert_active,
+            num_moe_layers=num_moe,
+            num_linear_layers=num_linear,
+            ep=max(1, int(getattr(args, "ep_size", 1) or 1)),
+            arch=gpu.arch,
+            link_bandwidth=getattr(gpu, "link_bandwidth", 450e9),
+            cuda_graph_max_bs=max_bs,
+            prefill_cuda_graph=prefill_graph,
+            fp8=quant_fp8,
         )
 
 
@@ -141,10 +341,17 @@ class AnalyticStepTime:
         self.k = coefficients or Coefficients()
         self.source = source
 
+    @property
+    def request_cpu_s(self) -> float:
+        return self.k.request_cpu_s
+
     def describe(self) -> str:
-        k = self.k
-        return (f"analytic roofline ({self.source}): MFU {k.mfu:g}, HBM efficiency {k.bw_efficiency:g}, "
-                f"overhead {k.overhead_s * 1e3:g} ms/step")
+        k, arch = self.k, self.cost.arch
+        graph, eager = k.layer_s(arch, True) * 1e6, k.layer_s(arch, False) * 1e6
+        return (f"analytic roofline ({self.source}): {arch} MFU {k.mfu(arch):g}, HBM efficiency "
+                f"{k.hbm_efficiency(arch):g}, {graph:g}/{eager:g} us per layer (graph/eager), "
+                f"{k.step_overhead_s * 1e3:g} ms per step, "
+                f"{k.request_cpu_s * 1e3:g} ms CPU per request")
 
     def __call__(self, batch) -> float:
         prefill_tokens = decode_tokens = 0
@@ -161,22 +368,42 @@ class AnalyticStepTime:
         return self.time_of(prefill_tokens, decode_tokens, pairs_prefill, pairs_decode, context_tokens,
                             len(batch.reqs))
 
+    def uses_graph(self, prefill_tokens: int, num_reqs: int) -> bool:
+        """Decode steps up to cuda_graph_max_bs replay a captured graph; prefill steps only where
+        SGLang captures prefill graphs (breakable graphs, up to the chunked prefill size)."""
+        c = self.cost
+        if prefill_tokens:
+            return c.prefill_cuda_graph
+        return 0 < num_reqs <= c.cuda_graph_max_bs
+
     def time_of(self, prefill_tokens: int, decode_tokens: int, pairs_prefill: int, pairs_decode: int,
                 context_tokens: int, num_reqs: int) -> float:
         c, k = self.cost, self.k
         tokens = prefill_tokens + decode_tokens
-        flops = (2 * c.active_params * tokens + c.prefill_pair_flops * pairs_prefill
-                 + c.decode_pair_flops * pairs_decode + c.linear_token_flops * tokens)
+        mfu = k.mfu(c.arch)
+        dense_flops = (2 * (c.active_params - c.expert_active_params) * tokens
+                       + c.prefill_pair_flops * pairs_prefill + c.decode_pair_flops * pairs_decode
+                       + c.linear_token_flops * tokens)
+        compute = (dense_flops / (c.peak_flops * mfu)
+                   + 2 * c.expert_active_params * tokens / (c.peak_flops * mfu * k.moe_gemm_efficiency))
         touched = 1.0
         if c.num_experts:
             touched = 1 - (1 - c.top_k / c.num_experts) ** tokens  # expected share of experts any token picks
         nbytes = (c.dense_weight_bytes + c.expert_weight_bytes * touched
                   + c.kv_cell_bytes * (context_tokens + tokens) + 2 * c.state_bytes * num_reqs)
-        compute = flops / (c.peak_flops * k.mfu)
-        memory = nbytes / (c.hbm_bandwidth * k.bw_efficiency)
+        memory = nbytes / (c.hbm_bandwidth * k.hbm_efficiency(c.arch))
+        launch = c.num_layers * k.layer_s(c.arch, self.uses_graph(prefill_tokens, num_reqs))
+        if c.fp8:
+            launch += c.num_layers * getattr(k, f"fp8_layer_s_{c.arch}")
+        link = c.link_bandwidth * k.link_efficiency
+        moe = c.num_moe_layers * tokens * k.moe_token_layer_s
+        if c.ep > 1 and c.num_moe_layers:
+            a2a_bytes = tokens * c.top_k * c.hidden_size * 2 * (c.ep - 1) / c.ep
+            moe += 2 * c.num_moe_layers * a2a_bytes / link  # dispatch + combine
+        linear = c.num_linear_layers * prefill_tokens * k.linear_prefill_token_layer_s
         comm = 0.0
         if c.tp > 1:
             msg = tokens * c.hidden_size * 2
-            per_allreduce = 2 * (c.tp - 1) / c.tp * msg / k.link_bandwidth + k.allreduce_latency_s
+            per_allreduce = 2 * (c.tp - 1) / c.tp * msg / link + k.allreduce_latency_s
             comm = 2 * c.num_layers * per_allreduce
-        return max(compute, memory) + comm + k.overhead_s
+        return max(compute, memory) + launch + moe + linear + comm + k.step_overhead_s

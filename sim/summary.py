@@ -6,7 +6,19 @@ import pandas as pd
 
 from sim.metrics import percentiles
 
-SATURATED_TTFT_S = 1.0  # a binding pool at >= 99% with TTFT p90 above this reads as "saturated"
+# The verdict's thresholds (reports/METRICS.md, "The verdict"): a server cannot keep up when the median request
+# waits at least MIN_QUEUE_WAIT_S for admission and either waiting is most of its latency or most of the trace is
+# still unfinished when the last request arrives.
+MIN_QUEUE_WAIT_S = 1.0
+MAX_QUEUE_WAIT_SHARE = 0.5
+MAX_BACKLOG_FRAC = 0.5
+ABORT_CAUSES = ("input_too_long", "decode_out_of_memory", "never_schedulable")
+ABORT_CAUSE_WORDS = {
+    "input_too_long": "with a prompt too long: at least max_req_input_len = min(context length, KV pool) - 6 tokens",
+    "decode_out_of_memory": "with no KV slot for the next token even when running alone",
+    "never_schedulable": "never admitted: too large for the empty server",
+}
+SLO_METRICS = ("e2e", "ttft")
 
 
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:
@@ -19,9 +31,22 @@ def _first_time(steps: pd.DataFrame, mask: pd.Series) -> float | None:
     return float(hit.iloc[0]) if len(hit) else None
 
 
+def _queue_waits(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
+    """Arrival to the start of the step that first admitted the request (NaN if never admitted)."""
+    first = requests["admission_steps"].astype(str).str.split(" ").str[0]
+    step = pd.to_numeric(first, errors="coerce")
+    if not len(steps):
+        return pd.Series(float("nan"), index=requests.index)
+    start = steps.set_index(["replica", "step"])["time_s"]
+    keys = pd.MultiIndex.from_arrays([requests["replica"], step.fillna(-1).astype(int)])
+    admitted = pd.Series(start.reindex(keys).to_numpy(), index=requests.index)
+    return admitted - requests["arrival_s"]
+
+
 def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     """``meta``: per-replica capacities: ``max_total_num_tokens``, ``max_running_requests``,
-    ``max_mamba_cache_size`` (0 if none), ``page_size``, ``context_len``, ``dp_size``."""
+    ``max_mamba_cache_size`` (0 if none), ``page_size``, ``context_len``, ``dp_size``; optionally
+    ``retraction_events`` and the SLO (``slo_p99_s``, ``slo_on``: e2e or ttft)."""
     cap_kv = meta["max_total_num_tokens"]
     cap_rows = meta["max_running_requests"]
     cap_mamba = meta.get("max_mamba_cache_size") or 0
@@ -99,12 +124,68 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
                                             if len(steps) else 0.0),
         },
     }
+    summary.update(_keep_up(steps, requests, done))
+    causes = requests.loc[requests["aborted"], "abort_cause"] if "abort_cause" in requests else pd.Series(dtype=str)
+    summary["abort_causes"] = {c: int((causes == c).sum()) for c in ABORT_CAUSES}
+    evicting = steps["time_s"][steps["evicted_tokens"] > 0] if len(steps) else pd.Series(dtype=float)
+    summary["first_eviction_s"] = float(evicting.iloc[0]) if len(evicting) else None
+    slo_on = meta.get("slo_on") or "e2e"
+    summary["slo_p99_s"] = meta.get("slo_p99_s")
+    summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
+    summary["slo_observed_p99_s"] = summary[f"{slo_on}_s"]["p99"] if meta.get("slo_p99_s") is not None else None
     events = sorted(meta.get("retraction_events", []))
     summary["first_retraction"] = (
         {"time_s": float(events[0][0]), "running": int(events[0][1]), "kv_tokens_held": int(events[0][2])}
         if events else None)
+    summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)
     return summary
+
+
+def _keep_up(steps: pd.DataFrame, requests: pd.DataFrame, done: pd.DataFrame) -> dict:
+    """The numbers that say whether the server kept up with the arrivals (reports/METRICS.md)."""
+    n = len(requests)
+    first = float(requests["arrival_s"].min()) if n else 0.0
+    last = float(requests["arrival_s"].max()) if n else 0.0
+    span = last - first
+    waits = _queue_waits(steps, requests) if n else pd.Series(dtype=float)
+    done_waits = waits[done.index] if n else waits
+    share = (done_waits / done["e2e_s"]).where(done["e2e_s"] > 0) if n else waits
+    backlog = int((requests["finish_s"] > last).sum()) if n else 0
+    return {
+        "arrival_span_s": span,
+        "arrival_rate_req_s": n / span if span > 0 else None,
+        "queue_wait_s": {**percentiles(done_waits), "mean": _mean(done_waits)},
+        "queue_wait_share_p50": percentiles(share, (50,))["p50"],
+        "backlog_at_last_arrival": backlog,
+        "backlog_frac_at_last_arrival": backlog / n if n else 0.0,
+    }
+
+
+def judge(summary: dict) -> tuple[str, str]:
+    """(status, failures): status ``fits``, ``fits_with_retractions`` or ``does_not_fit``; failures: the rules
+    that failed, space-separated, from ``aborts``, ``cannot_keep_up``, ``slo_missed`` (reports/METRICS.md)."""
+    failures = []
+    if summary["aborted"]:
+        failures.append("aborts")
+    if cannot_keep_up(summary):
+        failures.append("cannot_keep_up")
+    if summary.get("slo_p99_s") is not None:
+        observed = summary.get("slo_observed_p99_s")
+        if observed is None or observed > summary["slo_p99_s"]:
+            failures.append("slo_missed")
+    if failures:
+        return "does_not_fit", " ".join(failures)
+    return ("fits_with_retractions" if summary["retractions"] else "fits"), ""
+
+
+def cannot_keep_up(summary: dict) -> bool:
+    wait = summary["queue_wait_s"]["p50"]
+    share = summary["queue_wait_share_p50"]
+    if not summary["arrival_span_s"] or wait is None or wait < MIN_QUEUE_WAIT_S:
+        return False  # a burst (all at once) has no arrival rate to keep up with; short waits are not a backlog
+    return (share is not None and share >= MAX_QUEUE_WAIT_SHARE) or \
+        summary["backlog_frac_at_last_arrival"] >= MAX_BACKLOG_FRAC
 
 
 def _mean(s: pd.Series) -> float | None:
@@ -117,29 +198,63 @@ def _n(count: int, noun: str) -> str:
 
 
 def verdict(summary: dict) -> str:
-    """One sentence: fits / retracts / aborts, which pool binds first, and the headroom."""
+    """The answer to "can this configuration serve this workload?", with the numbers that decided it, then
+    what happened to the pools (retractions and evictions: when and why)."""
+    status = summary.get("verdict_status") or judge(summary)[0]
+    failures = (summary.get("verdict_failures") or "").split()
+    reasons = []
+    if "aborts" in failures:
+        causes = ", ".join(f"{n} {ABORT_CAUSE_WORDS[c]}" for c, n in summary["abort_causes"].items() if n)
+        reasons.append(f"{summary['aborted']} of {_n(summary['requests'], 'request')} aborted ({causes})")
+    if "cannot_keep_up" in failures:
+        wait = summary["queue_wait_s"]["p50"]
+        reasons.append(
+            f"it cannot keep up: the median request waited {_secs(wait)} for admission "
+            f"({summary['queue_wait_share_p50']:.0%} of its latency) and {summary['backlog_at_last_arrival']} of "
+            f"{summary['requests']} requests ({summary['backlog_frac_at_last_arrival']:.0%}) were unfinished at the "
+            f"last arrival; served {summary['throughput_req_s']:.2f} req/s against {summary['arrival_rate_req_s']:.2f} "
+            f"req/s arriving")
+    if "slo_missed" in failures:
+        observed = summary["slo_observed_p99_s"]
+        reasons.append(f"p99 {summary['slo_on']} latency {_secs(observed)} exceeds the SLO of "
+                       f"{_secs(summary['slo_p99_s'])}")
+    if status == "does_not_fit":
+        head = "DOES NOT FIT: " + "; ".join(reasons)
+    else:
+        wait = summary["queue_wait_s"]["p50"]
+        head = (f"FITS: no abort, median admission wait {_secs(wait or 0.0)}"
+                + (f", p99 {summary['slo_on']} {_secs(summary['slo_observed_p99_s'])} within the SLO of "
+                   f"{_secs(summary['slo_p99_s'])}" if summary.get("slo_p99_s") is not None else ""))
+    return head + ". " + _pool_story(summary)
+
+
+def _pool_story(summary: dict) -> str:
     kv = summary["pools"]["kv"]
     parts = []
     first = summary.get("first_retraction")
     if summary["retractions"] and first:
         parts.append(
-            f"retracted {_n(summary['retracted_requests'], 'request')} ({_n(summary['retractions'], 'retraction')}), "
-            f"first at t={first['time_s']:.1f} s, when {_n(first['running'], 'running request')} held "
-            f"{first['kv_tokens_held'] / kv['capacity']:.0%} of {_tokens(kv['capacity'])} KV tokens")
-    if summary["aborted"]:
-        parts.append(f"aborted {summary['aborted']} of {_n(summary['requests'], 'request')}")
+            f"Retracted {_n(summary['retracted_requests'], 'request')} ({_n(summary['retractions'], 'retraction')}) "
+            f"because the next decode step needed more KV than was free: first at t={first['time_s']:.1f} s, when "
+            f"{_n(first['running'], 'running request')} held {first['kv_tokens_held'] / kv['capacity']:.0%} of "
+            f"{_tokens(kv['capacity'])} KV tokens.")
+    if summary.get("evicted_tokens"):
+        parts.append(f"Evicted {_tokens(summary['evicted_tokens'])} cached prefix tokens to make room, first at "
+                     f"t={summary['first_eviction_s']:.1f} s.")
     binding = summary["binding_pool"]
     name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots"}.get(binding, "none")
-    if not parts:
-        peak = summary["pools"][binding]["peak_used_frac"] if binding else 0.0
-        text = f"Fits: no retraction or abort; {name} bind first at a peak of {peak:.0%} ({1 - peak:.0%} headroom)"
-        queued = summary.get("peak_waiting", 0)
-        if peak >= 0.99 and queued and (summary["ttft_s"]["p90"] or 0) > SATURATED_TTFT_S:
-            text += (f", and the server is saturated: up to {_n(queued, 'request')} waited for admission "
-                     f"(TTFT p90 {summary['ttft_s']['p90']:.1f} s)")
-        return text + "."
-    text = "; ".join(parts)
-    return text[0].upper() + text[1:] + f". The pool that ran out first: {name}."
+    if binding:
+        pool = summary["pools"][binding]
+        peak = pool["peak_used_frac"]
+        when = pool.get("first_exhausted_s")
+        parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {peak:.0%}."
+                     if when is not None else
+                     f"{name[0].upper() + name[1:]} bind first: peak {peak:.0%} ({1 - peak:.0%} headroom).")
+    return " ".join(parts)
+
+
+def _secs(x: float) -> str:
+    return f"{x * 1e3:.0f} ms" if x < 1 else (f"{x:.1f} s" if x < 600 else f"{x / 60:.0f} min")
 
 
 def _tokens(n: int) -> str:

@@ -90,8 +90,10 @@ class TraceReq:
         return -(self.rid * 1_000_000 + np.arange(1, n + 1, dtype=np.int64))
 
 
-def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None):
-    """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler)."""
+def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None,
+            ignore_eos=False):
+    """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler).
+    ``ignore_eos``: every request is sent with ignore_eos (as bench_serving does)."""
     from sim.engine import Simulation
     from sim.metrics import Recorder
     from sim.server import build_server
@@ -100,7 +102,7 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
     rec = Recorder()
     sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device)
     sim = Simulation([sched], FixedStepTime(step), rec,
-                     max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, False),
+                     max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, ignore_eos),
                      check_every_step=check)
     sim.run(trace)
     return rec.step_frame(), rec.request_frame(), sched

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from traces.request import MAX_SEGMENT_LEN, Request
+from traces.request import MAX_ARRIVAL_S, MAX_SEGMENT_LEN, Request
 from traces.trace import Trace
 
 
@@ -194,6 +194,8 @@ def agent_spec(num_sessions: int = 50, rate=0.2, **overrides) -> WorkloadSpec:
 
 
 def generate(spec: WorkloadSpec, seed: int = 0, name: str = "generated") -> Trace:
+    """The workload as a trace whose requests are built when iterated: memory holds a few numbers per request,
+    not every prompt's segment list (a session's turn k repeats its k earlier turns)."""
     rng = np.random.default_rng(seed)
     n = spec.num_sessions
     starts = arrival_times(rng, n, spec.rate, spec.cv)
@@ -206,26 +208,42 @@ def generate(spec: WorkloadSpec, seed: int = 0, name: str = "generated") -> Trac
     prompt_of = rng.permutation(np.repeat(np.arange(num_prompts), spec.system_prompt_fanout)[:n])
     if spec.max_new_tokens is not None:
         out_lens = np.full(total, spec.max_new_tokens) if spec.ignore_eos else np.minimum(out_lens, spec.max_new_tokens)
-    next_id = num_prompts  # segment ids 0..num_prompts-1 are the system prompts
-    requests, first = [], 0
+    # one entry per request kept, in session order; a session's requests are consecutive, turns 0, 1, ...
+    arrival, session, turn, draw = (np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64),
+                                    np.empty(total, np.int64))
+    kept, first = 0, 0
     for s in range(n):
-        segs = [(int(prompt_of[s]), spec.system_prompt_len)] if spec.system_prompt_len else []
+        input_len = spec.system_prompt_len
         t = float(starts[s])
         for i in range(first, first + int(turns[s])):
-            segs.append((next_id, int(user_lens[i])))
-            input_len = sum(m for _, m in segs)
+            input_len += int(user_lens[i])
             if spec.max_prompt_len is not None and input_len > spec.max_prompt_len:
                 break
-            out = int(out_lens[i])
-            requests.append(Request(rid=0, arrival_s=t, input_len=input_len, output_len=out,
-                                    max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos,
-                                    session_id=f"s{s}", turn=i - first, segments=tuple(segs),
-                                    output_segment=next_id + 1))
-            segs.append((next_id + 1, out))
-            next_id += 2
+            arrival[kept], session[kept], turn[kept], draw[kept] = t, s, i - first, i
+            kept += 1
+            input_len += int(out_lens[i])
             t += float(thinks[i])
         first += int(turns[s])
-    return Trace.from_requests(requests, name=name, format="generated")
+    if kept and arrival[:kept].max() > MAX_ARRIVAL_S:
+        raise ValueError(f"the workload's last request arrives at {arrival[:kept].max():.4g} s, more than a year "
+                         "in: raise --rate or lower --sessions")
+    order = np.argsort(arrival[:kept], kind="stable")  # by arrival; ties keep session order, as sorted() does
+
+    def request(rid: int, e: int) -> Request:
+        # segment ids: 0..num_prompts-1 the system prompts, then a (user, output) pair per request kept
+        k, uid = int(turn[e]), num_prompts + 2 * e
+        segs = [(int(prompt_of[session[e]]), spec.system_prompt_len)] if spec.system_prompt_len else []
+        for j in range(e - k, e):
+            uid_j = num_prompts + 2 * j
+            segs += [(uid_j, int(user_lens[draw[j]])), (uid_j + 1, int(out_lens[draw[j]]))]
+        segs.append((uid, int(user_lens[draw[e]])))
+        return Request(rid=rid, arrival_s=float(arrival[e]), input_len=sum(m for _, m in segs),
+                       output_len=int(out_lens[draw[e]]), max_new_tokens=spec.max_new_tokens,
+                       ignore_eos=spec.ignore_eos, session_id=f"s{int(session[e])}", turn=k, segments=tuple(segs),
+                       output_segment=uid + 1)
+
+    return Trace(lambda: (request(rid, int(e)) for rid, e in enumerate(order)), name=name, format="generated",
+                 num_requests=kept)
 
 
 def parse_length(spec: str) -> LengthDist:

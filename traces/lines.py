@@ -19,10 +19,22 @@ class Skips:
         self.count = 0
 
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first; it is not content
+HEAD_BYTES = 65536  # the first block: format detection and the binary check read this much
+
+
+def head(path: Path) -> bytes:
+    """The file's first block, without a UTF-8 BOM."""
+    with open(path, "rb") as f:
+        return f.read(HEAD_BYTES).removeprefix(BOM)
+
+
 def numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines with their 1-based numbers, as bytes (decoded per line so a bad byte names its line)."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
+            if number == 1:
+                raw = raw.removeprefix(BOM)
             if raw.strip():
                 yield number, raw
 

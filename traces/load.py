@@ -7,7 +7,7 @@ from pathlib import Path
 
 from traces import azure, mooncake, poolsim_format, sharegpt, tokens
 from traces.errors import TraceFormatError
-from traces.lines import Skips
+from traces.lines import HEAD_BYTES, Skips, head, numbered_lines
 from traces.trace import Trace
 
 FORMATS = {m.FORMAT: m for m in (mooncake, azure, sharegpt, tokens, poolsim_format)}
@@ -17,21 +17,17 @@ _JSONL = (mooncake, poolsim_format, tokens, sharegpt)  # detection order for a J
 
 def detect_format(path: str | Path) -> str:
     path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-        if head[:1] == b"[":
-            return sharegpt.FORMAT
-        f.seek(0)
-        for number, raw in enumerate(f, 1):
-            if raw.strip():
-                return _detect_line(path, number, raw)
+    if head(path).lstrip()[:1] == b"[":
+        return sharegpt.FORMAT
+    for number, raw in numbered_lines(path):
+        return _detect_line(path, number, raw)
     raise TraceFormatError(path, None, None, "the file is empty, so its format cannot be detected")
 
 
 def _detect_line(path: Path, number: int, raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")
-    if azure.looks_like(text):
-        return azure.FORMAT
+    if azure.looks_like(text) or (text.lstrip()[:1] not in "{[" and any(c in text for c in azure.COLUMNS)):
+        return azure.FORMAT  # a CSV header naming an Azure column: the loader says which column is missing
     try:
         first = json.loads(text)
     except (ValueError, RecursionError):
@@ -51,8 +47,15 @@ def load_trace(path: str | Path, format: str | None = None, skip_bad_lines: bool
     so only the request being handed out is in memory. ShareGPT is read once and kept (it must be sorted).
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise TraceFormatError(path, None, None, "is a directory, not a trace file")
+    if not path.exists():
         raise TraceFormatError(path, None, None, "no such file")
+    if not path.is_file():
+        raise TraceFormatError(path, None, None, "not a regular file")
+    if b"\0" in head(path):  # a disk image or a file of zeros: stop before reading gigabytes as one "line"
+        raise TraceFormatError(path, None, None, f"binary content (NUL bytes in the first {HEAD_BYTES // 1024} KiB); "
+                                                 "a trace is UTF-8 text")
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -60,7 +63,18 @@ def load_trace(path: str | Path, format: str | None = None, skip_bad_lines: bool
     skips = Skips(skip_bad_lines)
     if fmt in SORTED_ON_LOAD:
         requests = list(module.iter_requests(path, skips))
+        _require_requests(path, len(requests), skips, module)
         return Trace.from_requests(requests, name=path.stem, format=fmt, source_path=path, skipped_lines=skips.count)
     count = sum(1 for _ in module.iter_requests(path, skips))
+    _require_requests(path, count, skips, module)
     return Trace(lambda: module.iter_requests(path, Skips(skip_bad_lines)), name=path.stem, format=fmt,
                  source_path=path, skipped_lines=skips.count, num_requests=count)
+
+
+def _require_requests(path: Path, count: int, skips: Skips, module) -> None:
+    """A trace without a single request cannot be simulated or described: say why instead."""
+    if count:
+        return
+    why = getattr(module, "NO_REQUESTS", "it holds no request lines")
+    skipped = f" ({skips.count} bad lines skipped)" if skips.count else ""
+    raise TraceFormatError(path, None, None, f"no requests: {why}{skipped}")

@@ -25,6 +25,7 @@ NUM_SEGMENT_IDS = 1 << 42  # trace segment ids lie in [0, NUM_SEGMENT_IDS)
 PRIVATE_BASE = 1 << 42  # private segment ids: PRIVATE_BASE + 2*rid (prompt), + 1 (output)
 MAX_RID = 1 << 41  # keeps every private token id below 2**63
 MAX_TOKEN_ID = 1 << 62  # explicit token ids stay below the first private token id
+MAX_ARRIVAL_S = 365 * 86400  # s: a year after the trace start; later is a unit or epoch-time mistake
 _MASK64 = (1 << 64) - 1
 
 
@@ -85,6 +86,9 @@ class Request:
             return "rid", f"must be an integer in [0, 2**41), got {self.rid!r}"
         if not isinstance(self.arrival_s, (int, float)) or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             return "arrival_s", f"must be a finite number >= 0, got {self.arrival_s!r}"
+        if self.arrival_s > MAX_ARRIVAL_S:
+            return "arrival_s", (f"arrives {self.arrival_s:.4g} s after the trace start, more than a year "
+                                 "(times must be relative to the trace start, in the format's unit)")
         if not _is_int(self.input_len) or self.input_len < 1:
             return "input_len", f"must be an integer >= 1, got {self.input_len!r}"
         if not _is_int(self.output_len) or not 1 <= self.output_len <= MAX_SEGMENT_LEN:

@@ -21,12 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from traces.errors import TraceFormatError
-from traces.lines import Skips, json_object, numbered_lines
+from traces.lines import BOM, Skips, head, json_object, numbered_lines
 from traces.request import MAX_SEGMENT_LEN, Request
 
 FORMAT = "sharegpt"
 CONVERSATION_INTERVAL_S = 1.0  # seconds between conversation starts
 TURN_INTERVAL_S = 30.0  # seconds between a conversation's assistant turns
+NO_REQUESTS = "no conversation has an assistant turn after a user or system message"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
          "bing": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
 _WS = re.compile(r"\s*")
@@ -103,9 +104,7 @@ def iter_requests(path: Path, skips: Skips) -> Iterator[Request]:
 
 
 def _conversations(path: Path, skips: Skips) -> Iterator[tuple[int, object]]:
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if head[:1] != b"[":
+    if head(path).lstrip()[:1] != b"[":
         for number, raw in numbered_lines(path):
             try:
                 yield number, json_object(path, number, raw)
@@ -119,7 +118,7 @@ def _conversations(path: Path, skips: Skips) -> Iterator[tuple[int, object]]:
 
 def _array(path: Path) -> Iterator[tuple[int, object]]:
     """The elements of a JSON array with the line each starts on; a syntax error ends the file (never skipped)."""
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(BOM)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -130,7 +130,8 @@ def test_extra_buffer_tracks_checkpoints_and_donates_the_latest():
     assert (a.kv.mamba_last_track_idx, a.kv.mamba_next_track_idx, a.kv.mamba_last_track_seqlen) == (0, 1, 128)
     for _ in range(110):  # committed 151 .. 260; 256 is on the track grid
         alloc_for_decode([a], tree, pool)
-        tree.track_after_decode(a)
+        if (track := tree.track_after_decode(a)) is not None:
+            tree.commit_decode_track(a, track)  # the decode's result lands
     assert (a.kv.mamba_last_track_idx, a.kv.mamba_last_track_seqlen, a.kv.mamba_prev_track_seqlen) == (1, 256, 128)
     a.done = True
     release_kv_cache(a, tree, checkpoint=True)

@@ -29,7 +29,8 @@ def big_run(num_steps: int = 100_000, num_requests: int = 20_000, replicas: int 
         "protected_size": protected, "free_req_rows": ROWS - running, "mamba_free_slots": 0,
         "mamba_evictable_states": 0, "retracted": (rng.random(n) < 0.01).astype(int), "aborted": 0,
         "evicted_tokens": rng.integers(0, 100, n), "new_token_ratio": 0.5, "partial_page_tokens": running * 31,
-        "row_tokens": own,
+        "row_tokens": own, "waiting_scheduled": rng.integers(0, 50, n), "running_scheduled": running,
+        "available_size_scheduled": CAPACITY - own - protected - evictable,
     })[list(STEP_COLUMNS)]
     m = num_requests
     arrival = np.sort(rng.uniform(0, time_s[-1] * 0.9, m))
@@ -44,7 +45,7 @@ def big_run(num_steps: int = 100_000, num_requests: int = 20_000, replicas: int 
         "admission_steps": "0", "first_token_step": 0, "finish_step": 0, "first_token_s": first, "finish_s": finish,
         "cached_tokens": "0", "cached_tokens_first": rng.integers(0, 100, m), "retraction_count": 0,
         "aborted": aborted, "finished_reason": np.where(aborted, "abort", "length"),
-        "tokens_not_cached": rng.integers(0, 64, m),
+        "tokens_not_cached": rng.integers(0, 64, m), "abort_cause": np.where(aborted, "input_too_long", ""),
     })[list(REQUEST_COLUMNS)]
     requests["ttft_s"] = requests["first_token_s"] - requests["arrival_s"]
     requests["e2e_s"] = requests["finish_s"] - requests["arrival_s"]

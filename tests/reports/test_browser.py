@@ -48,7 +48,8 @@ def test_report_in_chromium(chromium, tmp_path, scenario, figures):
     found = chromium.check_page(run_dir / "report.html", shot)
     keep(shot)
     assert_seen_as_intended(found, [verdict], figures, shot)
-    assert ("RETRACTS" if scenario == "retracts" else "FITS") in found["text"]
+    # both scenarios' servers fall behind their arrivals (sim/summary.py: cannot keep up)
+    assert "DOES NOT FIT" in found["text"]
     assert f"Run folder {scenario}." in found["text"]  # the final name, not write_run's temporary one
 
 

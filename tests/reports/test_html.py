@@ -51,14 +51,15 @@ def test_page_opens_with_the_verdict_then_configuration_figures_tables_definitio
     order = [page.index(s) for s in (html.escape(summary["verdict"]), 'id="configuration"', 'id="figures"',
                                      'id="tables"', 'id="definitions"')]
     assert order == sorted(order)
-    assert '<span class="badge retracts">RETRACTS</span>' in page
+    assert '<span class="badge does-not-fit">DOES NOT FIT</span>' in page  # it retracts and falls behind
     assert "Binding pool</a>: KV tokens ran out first, at t = 10.4 s." in page
     for text in ("test-mha-small", "H200 (test-sized pools)", "<code>--max-total-tokens</code>", "0.1.0",
                  "fixed 20 ms per step"):
         assert text in page
 
 
-@pytest.mark.parametrize("scenario, state", [("fits", "fits"), ("retracts", "retracts"), ("aborts", "aborts")])
+@pytest.mark.parametrize("scenario, state", [("fits", "fits"), ("retracts", "does-not-fit"), ("aborts", "aborts"),
+                                             ("hybrid", "does-not-fit")])
 def test_verdict_state(run_dirs, scenario, state):
     summary = json.loads((run_dirs[scenario] / "summary.json").read_text())
     assert tables.verdict_state(summary) == state
@@ -68,6 +69,9 @@ def test_verdict_state_prefers_aborts():
     assert tables.verdict_state({"aborted": 1, "retractions": 3}) == "aborts"
     assert tables.verdict_state({"aborted": 0, "retractions": 3}) == "retracts"
     assert tables.verdict_state({"aborted": 0, "retractions": 0}) == "fits"
+    assert tables.verdict_state({"aborted": 0, "retractions": 3, "verdict_status": "does_not_fit"}) == "does-not-fit"
+    assert tables.verdict_state({"aborted": 0, "retractions": 3, "verdict_status": "fits_with_retractions"}) == \
+        "retracts"
 
 
 def test_hybrid_report_adds_the_hybrid_figure_and_the_mamba_pool(run_dirs, tmp_path):
@@ -197,3 +201,14 @@ def test_comparison_page(run_dirs, tmp_path):
 def test_comparison_needs_two_runs(run_dirs, tmp_path):
     assert one_line_error(render_comparison, [run_dirs["fits"]], tmp_path) == (
         "a comparison needs at least two run folders")
+
+
+def test_the_deciding_numbers_stand_next_to_the_verdict(run_dirs, tmp_path):
+    """The retracts scenario falls behind: the verdict's box shows the admission wait, the backlog and the
+    rates it was decided on, each linked to its definition."""
+    summary = json.loads((run_dirs["retracts"] / "summary.json").read_text())
+    page = render_report(run_dirs["retracts"], tmp_path).read_text()
+    box = page[page.index('<div class="verdict'):page.index("</div>", page.index('<ul>'))]
+    assert "Deciding numbers:" in box and 'href="#m-summary-queue_wait_s-p50"' in box
+    assert f"{summary['backlog_at_last_arrival']} of {summary['requests']}" in box
+    assert summary["verdict_failures"] == "cannot_keep_up"

@@ -34,7 +34,25 @@ def test_run_writes_frames_summary_and_report(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["server_args"]["page_size"] == 16 and run["overlap_schedule"] is False
     assert run["memory_plan"]["page_size"] == 16
-    assert "Fits" in res.output or "Retracted" in res.output
+    assert "FITS:" in res.output
+    # which time model ran, and its measured error, on the terminal and in the report
+    assert "time model: analytic roofline (fitted defaults; held-out median |error|" in res.output
+    assert run["step_time_model"].startswith("analytic roofline (fitted defaults; held-out median |error|")
+    assert "held-out median |error|" in (out / "report.html").read_text()
+
+
+def test_run_names_the_calibration_file_it_used(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-30",
+                               "coefficients": {"hbm_efficiency_sm90": 0.8}}))
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--calibration", str(cal), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert f"time model: analytic roofline (calibration {cal} (NVIDIA H100 80GB HBM3, 2026-11-30)" in res.output
+    assert "HBM efficiency 0.8" in res.output
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--step-time", "fixed:20", "--quiet"])
+    assert "time model: fixed 20 ms per step" in res.output
 
 
 def test_compare_model_runs_both_side_by_side(tmp_path):
@@ -72,3 +90,25 @@ def test_a_model_that_cannot_fit_is_refused():
     res = runner.invoke(app, ["run", "--model", "kimi-linear-48b-a3b", "--gpu", "H100"])
     assert res.exit_code == 2
     assert "weights need 91.55 GiB per rank" in res.output
+
+
+def test_context_length_10_aborts_everything_and_says_why(tmp_path):
+    """max_req_input_len = min(10 - 1, pool - 1) - 5 = 4: every prompt of the small trace is longer."""
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--context-length", "10", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)
+    assert s["aborted"] == s["requests"] == s["abort_causes"]["input_too_long"]
+    assert s["verdict"].startswith(f"DOES NOT FIT: {s['requests']} of {s['requests']} requests aborted "
+                                   f"({s['requests']} with a prompt too long")
+
+
+def test_run_accepts_an_slo(tmp_path):
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--slo-p99-s", "0.000001", "--slo-on", "ttft", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)
+    assert (s["slo_on"], s["verdict_status"], s["verdict_failures"]) == ("ttft", "does_not_fit", "slo_missed")
+    bad = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
+                              "--slo-on", "itl"])
+    assert bad.exit_code == 2 and "--slo-on 'itl'" in bad.output

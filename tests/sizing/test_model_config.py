@@ -17,7 +17,10 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "hf_configs"
 def test_catalog_has_the_issue_models_and_the_r1_alias():
     names = set(ModelConfig.catalog_names())
     assert names == {"llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
-                     "kimi-k2", "kimi-linear-48b-a3b", "qwen3-next-80b-a3b", "nemotron-3-nano-30b-a3b"}
+                     "kimi-k2", "kimi-linear-48b-a3b", "qwen3-next-80b-a3b", "nemotron-3-nano-30b-a3b",
+                     # issue #14
+                     "qwen3.5-9b", "qwen3.5-397b-a17b", "lfm2-700m", "glm-4.7-flash", "grok-2", "gpt-oss-20b",
+                     "gpt-oss-120b", "gemma-3-27b", "deepseek-v3.2"}
     r1 = ModelConfig.load("deepseek-r1")
     assert r1.name == "deepseek-r1" and r1.architecture == "DeepseekV3ForCausalLM"
     assert r1.kv_lora_rank == 512 and r1.num_hidden_layers == 61

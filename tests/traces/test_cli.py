@@ -32,10 +32,10 @@ def test_inspect_json_is_the_library_result(write):
     assert json.loads(result.stdout) == inspect_trace(load_trace(path), block_size=256).to_dict()
 
 
-def test_bad_line_prints_one_line_and_exits_1(write):
+def test_bad_line_prints_one_line_and_exits_2(write):
     path = write(SNIPPET.replace('"timestamp": 1500', '"timestamp": 100'))
     result = run("trace", "inspect", path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr == f"error: {path}:3: field 'timestamp': goes backwards (arrival 0.1 s after 0.5 s)\n"
     assert "Traceback" not in result.output
 
@@ -50,11 +50,11 @@ def test_skip_bad_lines_reports_the_count(write):
 
 def test_missing_file_and_unknown_format(tmp_path, write):
     result = run("trace", "inspect", tmp_path / "nope.jsonl")
-    assert result.exit_code == 1 and result.stderr == f"error: {tmp_path / 'nope.jsonl'}: no such file\n"
+    assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'nope.jsonl'}: no such file\n"
     result = run("trace", "inspect", write("hello\n"))
-    assert result.exit_code == 1 and "cannot detect the trace format" in result.stderr
+    assert result.exit_code == 2 and "cannot detect the trace format" in result.stderr
     result = run("trace", "inspect", write(SNIPPET), "--format", "csv")
-    assert result.exit_code == 1 and "unknown trace format 'csv'" in result.stderr
+    assert result.exit_code == 2 and "unknown trace format 'csv'" in result.stderr
 
 
 def test_convert_slice_scale(tmp_path, write):
@@ -71,10 +71,10 @@ def test_convert_slice_scale(tmp_path, write):
     assert result.exit_code == 0
     assert [r.arrival_s for r in load_trace(out)] == [0.0, 0.25, 0.75, 1.0, 1.25]  # 2/s -> 4/s
     result = run("trace", "scale", write(SNIPPET), out)
-    assert result.exit_code == 1 and result.stderr == "error: give exactly one of --factor and --rate\n"
+    assert result.exit_code == 2 and result.stderr == "error: give exactly one of --factor and --rate\n"
     src = write(SNIPPET)
     result = run("trace", "convert", src, src)
-    assert result.exit_code == 1 and src.read_text() == SNIPPET  # never truncates its own input
+    assert result.exit_code == 2 and src.read_text() == SNIPPET  # never truncates its own input
 
 
 def test_generate(tmp_path):
@@ -87,4 +87,4 @@ def test_generate(tmp_path):
     assert {r.turn for r in rs} == {0, 1, 2} and all(r.output_len <= 64 for r in rs)
     assert {r.segments[0][1] for r in rs} == {6000}
     result = run("trace", "generate", out, "--input-len", "gauss:3")
-    assert result.exit_code == 1 and result.stderr.startswith("error: bad length distribution 'gauss:3'")
+    assert result.exit_code == 2 and result.stderr.startswith("error: bad length distribution 'gauss:3'")
