@@ -48,10 +48,38 @@ def main() -> None:
 
             write_run(opts.out, r.steps, r.requests, r.summary, r.run)
         rss2 = _peak_mib()
+        held = _recorder_bytes(r) if hasattr(__import__("sim.metrics").metrics, "Table") else None
     print(f"root {opts.root}" + (f", step table streamed as {opts.stream}" if opts.stream else ""))
     print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; RSS {rss0:.0f} MiB before "
           f"the run (trace loaded), peak {rss1:.0f} MiB during it, {rss2:.0f} MiB with writing; "
           f"the step and request frames: {tables:.0f} MiB")
+    if held:
+        print("held by the recorder during the run (the run's rows replayed, tracemalloc): "
+              + ", ".join(f"{k} {v:.1f} MiB" for k, v in held.items()))
+
+
+def _recorder_bytes(r) -> dict:
+    """The run's step and request rows held as a list of tuples (the old recorder) and as columnar chunks."""
+    import tracemalloc
+
+    from sim.metrics import Table
+
+    out = {}
+    for name, frame in (("steps", r.steps), ("requests", r.requests)):
+        frame = frame[[c for c in frame.columns if c not in ("ttft_s", "e2e_s", "itl_s")]]
+        for layout in ("tuples", "columnar"):
+            tracemalloc.start()  # rows made inside the trace, as the engine makes them during the run
+            if layout == "tuples":
+                held = list(frame.itertuples(index=False, name=None))
+            else:
+                held = Table(tuple(frame.columns))
+                for row in frame.itertuples(index=False, name=None):
+                    held.append(row)
+                held._pack()
+            out[f"{name} as {layout}"] = tracemalloc.get_traced_memory()[0] / 2**20
+            tracemalloc.stop()
+            del held
+    return out
 
 
 def _generate(path: Path, n: int) -> None:
