@@ -264,14 +264,16 @@ def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
     return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
 
 
-def _progress(total: int, quiet: bool):
-    """A rich progress bar over finished requests; the callback and the context to close it."""
+def _progress(total: int, quiet: bool, unit: str = "requests"):
+    """A rich progress bar over finished requests (or sweep configurations); the callback and the context to
+    close it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if quiet:
         return None, None
-    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                   TextColumn("sim t={task.fields[t]:.1f} s"), TimeElapsedColumn(), transient=True)
+    sim_time = [TextColumn("sim t={task.fields[t]:.1f} s")] if unit == "requests" else []
+    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                   *sim_time, TimeElapsedColumn(), transient=True)
     task = bar.add_task("run", total=total, t=0.0)
     return (lambda done, t: bar.update(task, completed=done, t=t)), bar
 
@@ -506,13 +508,17 @@ def sweep(
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel simulations (default: CPU count)."),
+    ray: bool = typer.Option(False, "--ray", help="Run the configurations as tasks on Ray (pip install "
+                                                  "'poolsim[ray]'): the cluster in RAY_ADDRESS, else a local one."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join (auto, "
+                                              "HOST:PORT, ray://HOST:PORT); implies --ray."),
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy"),
     out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from sim.output import check_out_dir, publish_dir
-    from sim.sweep import cheapest_meeting, parse_grid, run_sweep
+    from sim.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
     from traces import DEFAULT_TRACE
 
     try:
@@ -535,13 +541,14 @@ def sweep(
         if base.get("gpu") is None and "gpu" not in axes:
             raise ValueError("--gpu (or --grid gpu=...) is required")
         path = str(trace or DEFAULT_TRACE)
-        callback, bar = _progress(0, as_json)
+        callback, bar = _progress(0, as_json, unit="configurations")
         if bar is not None:
             bar.update(bar.task_ids[0], total=1)
             bar.start()
             callback = (lambda done, total, cb=callback: (bar.update(bar.task_ids[0], total=total), cb(done, 0.0)))
         try:
-            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback)
+            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback,
+                              ray=ray_address or ray)
         finally:
             if bar is not None:
                 bar.stop()
@@ -549,6 +556,8 @@ def sweep(
         _fail(e)
     best = (cheapest_meeting(table, slo_p99_s, slo_on) if slo_p99_s is not None and "p99_latency_s" in table
             else None)
+    if slo_p99_s is not None and "p99_latency_s" in table:
+        table.insert(table.columns.get_loc("error"), "meets_slo", meets_slo(table, slo_p99_s, slo_on))
     if out is not None:
         from reports.plots import plot_frontier
 
@@ -562,18 +571,35 @@ def sweep(
         except (ValueError, OSError) as e:
             _fail(e)
     if as_json:
-        typer.echo(json.dumps({"configs": table.to_dict("records"),
+        records = table.astype(object).where(table.notna(), None).to_dict("records")  # NaN/NA -> null
+        typer.echo(json.dumps({"configs": records,
                                "cheapest_meeting_slo": None if best is None else best["label"]},
                               indent=2, default=float))
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
-                        "aborted", "binding_pool", "cost", "error") if c in table.columns]
-    typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+                        "aborted", "binding_pool", "cost", "meets_slo", "error") if c in table.columns]
+    shown = table[cols].astype(object).apply(lambda col: col.map(_cell))  # counts as integers, floats .2f, gaps -
+    typer.echo(shown.to_string(index=False))
     if slo_p99_s is not None:
         typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: "
                    + ("none" if best is None else best["label"]))
     if out is not None:
         typer.echo(f"wrote {out}/sweep.csv" + (f" and {out}/frontier.png" if (out / "frontier.png").exists() else ""))
+
+
+def _cell(value) -> str:
+    """A sweep table cell: counts as integers, other numbers to 2 decimals, a refused configuration's gaps as -."""
+    import numbers
+
+    import pandas as pd
+
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if pd.isna(value):
+        return "-"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return f"{value:,}"
+    return f"{value:,.2f}" if isinstance(value, numbers.Real) and not isinstance(value, bool) else str(value)
 
 
 @app.command()
@@ -980,7 +1006,7 @@ TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured st
 def calibrate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
@@ -1004,7 +1030,7 @@ def validate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
     calibration: Path = typer.Option(..., "--calibration", help="calibration.json from `poolsim calibrate`."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed"),

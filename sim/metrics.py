@@ -1,6 +1,11 @@
-"""The recorder: plain tuples on the hot path, pandas frames once at the end (definitions in reports/METRICS.md)."""
+"""The recorder: rows buffered briefly as tuples on the hot path, kept as columnar numpy chunks, optionally
+streamed to disk chunk by chunk during the run, pandas frames once at the end (definitions in
+reports/METRICS.md). The column lists below drive everything: a new column is one more name (at the end)
+and one more value in the row the engine records."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,11 +24,115 @@ REQUEST_COLUMNS = (
     "retraction_count", "aborted", "finished_reason", "tokens_not_cached", "abort_cause",
 )
 
+CHUNK_ROWS = 8192  # rows per columnar chunk: a few MB of tuples at most before they are packed
+TABLE_FORMATS = ("csv", "parquet")
+
+
+class Table:
+    """An append-only table: tuples into a short buffer, every ``chunk_rows`` rows packed into one chunk of
+    numpy columns (about 8 bytes a value instead of a tuple and boxed numbers). ``stream`` (a path) also appends
+    each chunk to a CSV or Parquet file as it is packed. ``frame()`` gives exactly the DataFrame that
+    ``pd.DataFrame(all_rows, columns=...)`` would: each column concatenated, and where chunks disagree on a
+    column's dtype (ints in one, ints with a missing value in another) re-inferred from the values as pandas
+    infers them from the rows."""
+
+    def __init__(self, columns: tuple[str, ...], chunk_rows: int = CHUNK_ROWS, stream: Path | None = None,
+                 table_format: str = "csv"):
+        if table_format not in TABLE_FORMATS:
+            raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)}")
+        self.columns = list(columns)
+        self.chunk_rows = chunk_rows
+        self._buffer: list[tuple] = []
+        self._chunks: list[list[np.ndarray]] = []
+        self._len = 0
+        self.stream = Path(stream) if stream is not None else None
+        self.table_format = table_format
+        self._writer = None  # pyarrow's ParquetWriter, opened with the first chunk
+        self._stale = False  # the streamed file no longer matches the table: rewrite it at the end
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, row: tuple) -> None:
+        self._buffer.append(row)
+        self._len += 1
+        if len(self._buffer) >= self.chunk_rows:
+            self._pack()
+
+    def _pack(self) -> None:
+        if not self._buffer:
+            return
+        chunk = pd.DataFrame(self._buffer, columns=self.columns)  # pandas' own inference, chunk by chunk
+        self._buffer = []
+        self._chunks.append([chunk[c].to_numpy() for c in self.columns])
+        if self.stream is not None:
+            self._write(chunk, first=len(self._chunks) == 1)
+
+    def _write(self, chunk: pd.DataFrame, first: bool) -> None:
+        if self._stale:
+            return
+        if self.table_format == "csv":
+            chunk.to_csv(self.stream, index=False, header=first, mode="w" if first else "a")
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(chunk, preserve_index=False)
+        if self._writer is not None and not table.schema.equals(self._writer.schema):
+            self._stale = True  # a column changed type: the file is rewritten whole at the end
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.stream, table.schema)
+        self._writer.write_table(table)
+
+    def frame(self) -> pd.DataFrame:
+        """The whole table; the chunks are released (call once). A streamed file is complete after this."""
+        self._pack()
+        chunks, self._chunks = self._chunks, []
+        first_dtypes = [p.dtype for p in chunks[0]] if chunks else None
+        data = {}
+        for i, name in enumerate(self.columns):
+            parts = [c[i] for c in chunks]
+            for c in chunks:
+                c[i] = None  # free each chunk's column once it is copied out: peak is one table, not two
+            data[name] = _concat(parts)
+        frame = pd.DataFrame(data, columns=self.columns)
+        if self.stream is not None:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            # Rewrite when nothing was streamed, or a column's dtype changed after rows were written (an int
+            # column that later holds a missing value reads "12.0" in the whole table, "12" in early chunks).
+            if self._stale or first_dtypes is None or [frame[c].dtype for c in self.columns] != first_dtypes:
+                write_table(frame, self.stream, self.table_format)
+        return frame
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.array([], dtype=object)
+    if len({p.dtype for p in parts}) == 1 or all(p.dtype.kind in "iuf" for p in parts):
+        return np.concatenate(parts)  # one dtype, or ints and floats: numpy promotes as pandas would
+    values = np.concatenate([p.astype(object) for p in parts])  # rare: mixed kinds, inferred as from rows
+    return pd.DataFrame(list(zip(values)), columns=["v"])["v"].to_numpy()
+
+
+def write_table(frame: pd.DataFrame, path: Path, table_format: str = "csv") -> None:
+    if table_format == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+
 
 class Recorder:
-    def __init__(self):
-        self.steps: list[tuple] = []
-        self.requests: list[tuple] = []
+    """Steps and finished requests. ``stream_dir``: the step table is also written there
+    (``steps.csv`` / ``steps.parquet``) chunk by chunk during the run."""
+
+    def __init__(self, stream_dir: str | Path | None = None, table_format: str = "csv",
+                 chunk_rows: int = CHUNK_ROWS):
+        stream = Path(stream_dir) / f"steps.{table_format}" if stream_dir is not None else None
+        self.steps = Table(STEP_COLUMNS, chunk_rows, stream, table_format)
+        self.requests = Table(REQUEST_COLUMNS, chunk_rows)
         self.on_done = None  # called with each finished or aborted request (the engine's client releases it)
 
     def on_step(self, row: tuple) -> None:
@@ -41,10 +150,10 @@ class Recorder:
             self.on_done(req)
 
     def step_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.steps, columns=list(STEP_COLUMNS))
+        return self.steps.frame()
 
     def request_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.requests, columns=list(REQUEST_COLUMNS)).sort_values("rid", kind="stable")
+        df = self.requests.frame().sort_values("rid", kind="stable")
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
         df["e2e_s"] = df["finish_s"] - df["arrival_s"]
         decoded = (df["output_len"] - 1).where(df["output_len"] > 1)

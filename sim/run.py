@@ -19,7 +19,7 @@ from pools.server_args import ServerArgs
 from pools.sizing import MemoryPlan, compare_records, crossover_context_len, plan_memory
 from sim import ROUTERS
 from sim.engine import Simulation
-from sim.metrics import Recorder
+from sim.metrics import CHUNK_ROWS, Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, build_server
 from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
@@ -127,7 +127,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              runtime_overhead_gib: float | None = None, check: bool = False,
              progress: Callable | None = None, max_concurrency: int | None = None,
              token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
-             replay=None) -> RunResult:
+             replay=None, stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS) -> RunResult:
     """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
     ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
     ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
@@ -135,7 +135,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     (e2e or ttft) the verdict checks (sim/summary.py). ``replay`` (kernels.replay): the same simulation with the
     pools on ``replay.device`` and a step-time hook ``replay.step_time(clock, servers)`` that measures each step
     and returns the clock's time (the schedule is unchanged); ``replay.mamba_config`` sizes the device state
-    tensors. None: the plain simulation."""
+    tensors. None: the plain simulation. ``stream_dir``: also write the step table there
+    (steps.csv / steps.parquet) chunk by chunk as it runs."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     if slo_on not in SLO_METRICS:
@@ -153,7 +154,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     device = None
     if replay is not None:
         device, mamba = replay.device, replay.mamba_config(mamba)
-    recorder = Recorder()
+    recorder = Recorder(stream_dir, table_format, chunk_rows)
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i, device=device) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)

@@ -3,13 +3,18 @@
 Each configuration is the base flags with some replaced (``tp=1,2,4`` x ``gpu=H100,H200`` x ...). Every
 worker process loads the trace itself and returns one summary row; a configuration SGLang would refuse
 (weights that do not fit, tp not dividing heads) is a row with its error, not a failed sweep.
+
+Configurations run in a local process pool, or as Ray tasks (``ray=``; the ``ray`` extra): the same
+``_run_one`` per configuration either way, the rows in grid order, so both give the same table.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ProcessPoolExecutor
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 import pandas as pd
 
@@ -17,6 +22,8 @@ from pools.server_args import ServerArgs
 
 # Flags a grid may vary besides ServerArgs fields.
 EXTRA_AXES = {"gpu": str, "model": str}
+# Result columns that are counts: integers in the table, CSV and JSON, empty where a configuration was refused.
+COUNT_COLUMNS = {"gpus", "retractions", "aborted"}
 
 
 def parse_grid(specs: list[str]) -> dict[str, list]:
@@ -87,30 +94,94 @@ def _run_one(job: tuple) -> dict:
 
 
 def run_sweep(trace_path: str, base: dict, grid: dict[str, list], gpu_cost: dict[str, float] | None = None,
-              workers: int | None = None, run_opts: dict | None = None, progress=None) -> pd.DataFrame:
+              workers: int | None = None, run_opts: dict | None = None, progress=None,
+              ray: bool | str = False) -> pd.DataFrame:
+    """One row per configuration, in grid order. ``progress(done, total)`` counts finished configurations.
+
+    ``ray``: run as Ray tasks instead of in the local pool. ``True``: Ray's default (the cluster in
+    ``RAY_ADDRESS``, else a new local instance); a string is ``ray.init``'s address (``auto``, ``host:port``,
+    ``ray://host:port``, ``local``). An already initialised Ray is used as it is and left running. Cluster nodes
+    need poolsim (the same version) installed.
+    """
     configs = expand(base, grid)
     jobs = [(trace_path, c, label(c, grid), gpu_cost or {}, run_opts or {}) for c in configs]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    rows = []
-    if workers == 1:
-        for job in jobs:
-            rows.append(_run_one(job))
-            if progress:
-                progress(len(rows), len(jobs))
+    if ray:
+        rows = _run_on_ray(jobs, None if ray is True else ray, progress)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for row in pool.map(_run_one, jobs):
-                rows.append(row)
-                if progress:
-                    progress(len(rows), len(jobs))
-    return pd.DataFrame(rows)
+        rows = _run_local(jobs, workers, progress)
+    table = pd.DataFrame(rows)
+    for column in COUNT_COLUMNS.intersection(table.columns):  # counts stay integers beside refused rows (NA)
+        table[column] = table[column].astype("Int64")
+    return table
+
+
+def _run_local(jobs: list[tuple], workers: int | None, progress) -> list[dict]:
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    rows: list[dict | None] = [None] * len(jobs)
+    if workers == 1:
+        for i, job in enumerate(jobs):
+            rows[i] = _run_one(job)
+            if progress:
+                progress(i + 1, len(jobs))
+        return rows
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), 1):  # progress as each finishes, rows in grid order
+            rows[futures[future]] = future.result()
+            if progress:
+                progress(done, len(jobs))
+    return rows
+
+
+def _run_on_ray(jobs: list[tuple], address: str | None, progress) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'poolsim[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ValueError(f"--ray-address {address or '(default)'}: cannot start or join Ray: {e}") from None
+    try:
+        # The trace travels as bytes through the object store: cluster nodes need not share a filesystem.
+        path = Path(jobs[0][0]) if jobs else None
+        blob = ray.put(path.read_bytes()) if path else None
+        task = ray.remote(_run_one_shipped)
+        pending = {task.remote(blob, path.name, job[1:]): i for i, job in enumerate(jobs)}
+        rows: list[dict | None] = [None] * len(jobs)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            rows[pending.pop(ready[0])] = ray.get(ready[0])
+            if progress:
+                progress(len(jobs) - len(pending), len(jobs))
+        return rows
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_one_shipped(trace_bytes: bytes, name: str, rest: tuple) -> dict:
+    """``_run_one`` on a Ray worker: the trace written back to a file of the same name (its format is detected
+    from the name and content, as on the driver)."""
+    with tempfile.TemporaryDirectory(prefix="poolsim-sweep-") as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(trace_bytes)
+        return _run_one((str(path), *rest))
+
+
+def meets_slo(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series:
+    """True for the configurations that ran with no aborts and whose p99 latency (``e2e`` or ``ttft``) is within
+    the SLO."""
+    column = {"e2e": "p99_latency_s", "ttft": "p99_ttft_s"}[metric]
+    return ((sweep["error"] == "") & sweep["aborted"].fillna(1).eq(0) & (sweep[column] <= slo_p99_s)).astype(bool)
 
 
 def cheapest_meeting(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series | None:
-    """The cheapest configuration (by cost, else by GPU count) whose p99 latency (``e2e`` or ``ttft``) meets
-    the SLO with no aborts; ties go to the higher throughput."""
-    column = {"e2e": "p99_latency_s", "ttft": "p99_ttft_s"}[metric]
-    ok = sweep[(sweep["error"] == "") & (sweep["aborted"] == 0) & (sweep[column] <= slo_p99_s)]
+    """The cheapest configuration (by cost, else by GPU count) that meets the SLO; ties go to the higher
+    throughput."""
+    ok = sweep[meets_slo(sweep, slo_p99_s, metric)]
     if ok.empty:
         return None
     key = "cost" if "cost" in ok.columns and ok["cost"].notna().all() else "gpus"

@@ -199,3 +199,16 @@ def test_fragmentation_shows_the_summary_means(run_dirs):
     total = summary["fragmentation"]["tokens_not_cached_at_finish"]
     assert lost.get_title(loc="left") == f"KV not cached at finish: {total} tokens in all"
     assert sum(p.get_height() for p in lost.patches) == (~requests["aborted"]).sum()
+
+
+def test_frontier_legend_names_only_what_is_drawn():
+    # b beats a on both axes: the frontier is one point, no line, so "frontier" must not be in the legend
+    one = pd.DataFrame({"label": ["a", "b"], "throughput_tok_s": [100, 200], "p99_latency_s": [2.0, 1.0]})
+    ax = plots.plot_frontier(one).axes[0]
+    assert ax.get_legend() is None and ax.get_lines() == []
+    ax = plots.plot_frontier(one, slo_s=1.5).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["p99 SLO 1.50 s"]
+    two = pd.DataFrame({"label": ["a", "b"], "throughput_tok_s": [100, 200], "p99_latency_s": [1.0, 2.0]})
+    ax = plots.plot_frontier(two).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["frontier"]
+    assert ax.get_lines()[0].get_xdata().tolist() == [1.0, 2.0]

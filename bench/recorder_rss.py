@@ -1,0 +1,123 @@
+"""Benchmark (not a test): peak memory of a long run. Generates a synthetic trace of N requests (poolsim's
+generator: 4-turn chats, short prompts, so many steps per request) and simulates it on Llama-3.1-8B / H100,
+printing CPU seconds, steps, the recorder's share and peak RSS. ``--root`` points at another poolsim checkout
+to measure it the same way (the before/after of the columnar recorder).
+
+    python bench/recorder_rss.py [--requests 200000] [--root DIR] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=200_000)
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the poolsim checkout to run")
+    ap.add_argument("--out", help="also write the run folder's tables here (steps.csv, requests.csv)")
+    ap.add_argument("--stream", choices=("csv", "parquet"), help="stream the step table to a temporary folder "
+                    "during the run (simulate(stream_dir=...); the columnar recorder only)")
+    opts = ap.parse_args()
+    sys.path.insert(0, opts.root)
+    from pools.gpu_catalog import get_gpu
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+    from sim.run import simulate
+    from traces import load_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        _generate(path, opts.requests)
+        trace = load_trace(path)
+        rss0 = _rss_mib()
+        _reset_peak()
+        t0 = time.process_time()
+        stream = {"stream_dir": tmp, "table_format": opts.stream} if opts.stream else {}
+        r = simulate(trace, ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs(), **stream)
+        cpu = time.process_time() - t0
+        rss1 = _peak_mib()
+        tables = (r.steps.memory_usage(deep=True).sum() + r.requests.memory_usage(deep=True).sum()) / 2**20
+        if opts.out:
+            from sim.output import write_run
+
+            write_run(opts.out, r.steps, r.requests, r.summary, r.run)
+        rss2 = _peak_mib()
+        held = _recorder_bytes(r) if hasattr(__import__("sim.metrics").metrics, "Table") else None
+    print(f"root {opts.root}" + (f", step table streamed as {opts.stream}" if opts.stream else ""))
+    print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; RSS {rss0:.0f} MiB before "
+          f"the run (trace loaded), peak {rss1:.0f} MiB during it, {rss2:.0f} MiB with writing; "
+          f"the step and request frames: {tables:.0f} MiB")
+    if held:
+        print("held by the recorder during the run (the run's rows replayed, tracemalloc): "
+              + ", ".join(f"{k} {v:.1f} MiB" for k, v in held.items()))
+
+
+def _recorder_bytes(r) -> dict:
+    """The run's step and request rows held as a list of tuples (the old recorder) and as columnar chunks."""
+    import tracemalloc
+
+    from sim.metrics import Table
+
+    out = {}
+    for name, frame in (("steps", r.steps), ("requests", r.requests)):
+        frame = frame[[c for c in frame.columns if c not in ("ttft_s", "e2e_s", "itl_s")]]
+        for layout in ("tuples", "columnar"):
+            tracemalloc.start()  # rows made inside the trace, as the engine makes them during the run
+            if layout == "tuples":
+                held = list(frame.itertuples(index=False, name=None))
+            else:
+                held = Table(tuple(frame.columns))
+                for row in frame.itertuples(index=False, name=None):
+                    held.append(row)
+                held._pack()
+            out[f"{name} as {layout}"] = tracemalloc.get_traced_memory()[0] / 2**20
+            tracemalloc.stop()
+            del held
+    return out
+
+
+def _generate(path: Path, n: int) -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["trace", "generate", str(path), "--sessions", str(n // 4), "--turns", "fixed:4",
+                                   "--rate", "20", "--think-time", "5", "--system-prompt-len", "200",
+                                   "--input-len", "uniform:50,300", "--output-len", "uniform:20,120"])
+    if res.exit_code != 0:
+        raise SystemExit(res.output)
+
+
+def _peak_mib() -> float:
+    """Peak RSS since the last _reset_peak (VmHWM), else since the process started."""
+    try:
+        return _status("VmHWM")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mib() -> float:
+    return _status("VmRSS")
+
+
+def _status(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+def _reset_peak() -> None:
+    try:  # Linux: "5" resets VmHWM to the current RSS, so the peak is the run's, not the trace generator's
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The recorder's columnar chunks: the same frames as building them from all rows at once, and the streamed
+step table byte-identical to writing the whole frame."""
+
+import pandas as pd
+import pytest
+
+from sim.metrics import STEP_COLUMNS, Recorder, Table
+
+COLUMNS = ("i", "f", "maybe_int", "kind", "flag", "maybe_flag", "none_late")
+
+
+def rows(n):
+    """Columns whose dtype depends on which rows a chunk holds: ints with a missing value only in row 5 (float
+    in the whole table), bools with a None in row 9 (object), all-None until row 11 then floats."""
+    return [(i, i / 3, None if i == 5 else i * 10, "decode" if i % 2 else "extend", i % 3 == 0,
+             None if i == 9 else i % 2 == 0, None if i < 11 else i * 0.5) for i in range(n)]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 2, 4, 5, 7, 1000])
+def test_chunked_frame_equals_the_frame_built_from_all_rows(chunk_rows):
+    table = Table(COLUMNS, chunk_rows=chunk_rows)
+    for row in rows(13):
+        table.append(row)
+    assert len(table) == 13
+    expected = pd.DataFrame(rows(13), columns=list(COLUMNS))
+    got = table.frame()
+    pd.testing.assert_frame_equal(got, expected)
+    assert [str(got[c].dtype) for c in ("i", "maybe_int", "flag", "maybe_flag", "none_late")] == [
+        "int64", "float64", "bool", "object", "float64"]
+
+
+def test_an_empty_table_has_its_columns():
+    assert list(Table(COLUMNS).frame().columns) == list(COLUMNS)
+
+
+@pytest.mark.parametrize("chunk_rows", [3, 5, 1000])
+def test_streamed_csv_is_the_whole_frames_csv(tmp_path, chunk_rows):
+    table = Table(COLUMNS, chunk_rows=chunk_rows, stream=tmp_path / "t.csv")
+    for i, row in enumerate(rows(13)):
+        table.append(row)
+        if i == 5 and chunk_rows == 3:  # two chunks already on disk during the run
+            assert len((tmp_path / "t.csv").read_text().splitlines()) == 1 + 6
+    frame = table.frame()
+    assert (tmp_path / "t.csv").read_text() == frame.to_csv(index=False)  # incl. rows written before row 5's None
+
+
+def test_streamed_parquet_reads_back_as_the_frame(tmp_path):
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'poolsim[parquet]')")
+    for chunk_rows in (4, 1000):
+        table = Table(COLUMNS, chunk_rows=chunk_rows, stream=tmp_path / "t.parquet", table_format="parquet")
+        for row in rows(13):
+            table.append(row)
+        frame = table.frame()
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), frame)
+
+
+def test_a_simulation_streams_its_step_table(tmp_path):
+    from pools.gpu_catalog import get_gpu
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+    from sim.run import simulate
+    from traces import DEFAULT_TRACE, load_trace
+
+    args = (load_trace(DEFAULT_TRACE), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
+    plain = simulate(*args)
+    streamed = simulate(*args, stream_dir=tmp_path, chunk_rows=100)
+    pd.testing.assert_frame_equal(streamed.steps, plain.steps)
+    pd.testing.assert_frame_equal(streamed.requests, plain.requests)
+    assert streamed.summary == plain.summary
+    assert len(plain.steps) > 300  # several chunks
+    assert (tmp_path / "steps.csv").read_text() == plain.steps.to_csv(index=False)
+    assert list(plain.steps.columns) == list(STEP_COLUMNS)
+
+
+def test_unknown_table_format():
+    with pytest.raises(ValueError, match="table format 'xlsx': expected one of csv, parquet"):
+        Recorder(table_format="xlsx")
