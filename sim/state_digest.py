@@ -27,7 +27,6 @@ def pool_state_digest(sched, width: int) -> str:
     _ids(h, "free", xp.to_numpy(alloc._free.to_array()))
     for part in alloc.staged:
         _ids(h, "staged", xp.to_numpy(part))
-    _ids(h, "mask", alloc._free._free_mask)
     _ids(h, "rows_free", pool.free_slots)
     table = pool.req_to_token if pool.xp.name == "numpy" else pool.req_to_token.cpu().numpy()
     used = np.flatnonzero(table[:, 0])  # every row ever handed out wrote its position 0
