@@ -123,7 +123,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     mamba = mamba_config(plan, args, config.enable_overlap)
     recorder = Recorder()
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
-                            recorder=recorder, replica=i) for i in range(args.dp_size)]
+                            recorder=recorder, replica=i, checks=check) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration)
     sim = Simulation(servers, clock, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check)

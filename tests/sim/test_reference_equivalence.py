@@ -71,7 +71,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def run_case(name: str, monkeypatch) -> dict:
+def run_case(name: str, monkeypatch, check: bool = False) -> dict:
     (model, gpu), args, make_trace, step_time = CASES[name]
     servers = []
     build = sim.run.build_server
@@ -83,7 +83,8 @@ def run_case(name: str, monkeypatch) -> dict:
     monkeypatch.setattr(sim.run, "build_server", capture)
     trace = make_trace()
     router = "cache_aware" if args.dp_size > 1 else "round_robin"
-    r = simulate(trace, ModelConfig.load(model), get_gpu(gpu), args, step_time=step_time, router=router)
+    r = simulate(trace, ModelConfig.load(model), get_gpu(gpu), args, step_time=step_time, router=router,
+                 check=check)
     width = max(t.input_len + t.output_len for t in trace) + 2
     return {
         "steps": len(r.steps), "requests": len(r.requests), "retractions": int(r.summary["retractions"]),
@@ -103,6 +104,12 @@ def test_outputs_and_pool_state_match_the_reference(name, monkeypatch):
         golden[name] = got
         GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
     assert got == golden[name]
+
+
+@pytest.mark.parametrize("name", ["llama_mixed_chunk", "kimi_extra_buffer_mooncake"])
+def test_check_mode_gives_the_same_outputs(name, monkeypatch):
+    """``--check`` (double-free checks in the free lists, invariants after every step) changes no output."""
+    assert run_case(name, monkeypatch, check=True) == json.loads(GOLDEN.read_text())[name]
 
 
 def test_the_cases_exercise_retraction_and_eviction():
