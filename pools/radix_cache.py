@@ -138,7 +138,10 @@ class RadixCache(BasePrefixCache):
 
     def _match_len(self, node_key: np.ndarray, tokens: np.ndarray) -> int:
         n = min(len(node_key), len(tokens))
-        diff = np.flatnonzero(node_key[:n] != tokens[:n])
+        a, b = node_key[:n], tokens[:n]
+        if a.tobytes() == b.tobytes():  # the common case, one memcmp instead of a vectorised compare
+            return n // self.page_size * self.page_size
+        diff = np.flatnonzero(a != b)
         m = int(diff[0]) if diff.size else n
         return m // self.page_size * self.page_size
 
@@ -194,6 +197,22 @@ class RadixCache(BasePrefixCache):
             chunks.append(node.value)
             node = node.parent
         return np.concatenate(chunks[::-1]) if chunks else _EMPTY
+
+    def _path_tail(self, node: TreeNode, start: int) -> tuple[int, np.ndarray]:
+        """(length of the path to ``node``, its slots from position ``start`` on), without concatenating
+        the part before ``start`` that the caller's row already holds."""
+        chunks = []
+        while node is not self.root_node:
+            chunks.append(node.value)
+            node = node.parent
+        total = sum(map(len, chunks))
+        tail, covered = [], total
+        for chunk in chunks:
+            if covered <= start:
+                break
+            covered -= len(chunk)
+            tail.append(chunk[max(start - covered, 0):])
+        return total, np.concatenate(tail[::-1]) if tail else _EMPTY
 
     # ------------------------------------------------------------------ insert
     def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None) -> InsertResult:
@@ -364,12 +383,11 @@ class RadixCache(BasePrefixCache):
         result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         self._split_prompt(req, key, values)
-        new_indices = self.path_device_indices(result.last_node)
-        self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, len(new_indices))),
-                                     new_indices[kv.cache_protected_len:])
+        new_len, new_tail = self._path_tail(result.last_node, kv.cache_protected_len)
+        self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, new_len)), new_tail)
         self.unlock(req.lock)
         req.lock = self.lock(result.last_node)
-        kv.cache_protected_len = len(new_indices)
+        kv.cache_protected_len = new_len
         req.last_node = result.last_node
         self._cleanup_after_caching(req, is_finished, result, mamba_value, keep_idx)
 
