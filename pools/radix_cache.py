@@ -67,11 +67,16 @@ class TreeNode:
 
 
 class MatchResult(NamedTuple):
-    device_indices: np.ndarray  # KV slots of the matched prefix
+    slot_chunks: tuple  # the matched nodes' slot arrays, root first (joined only when asked for)
     prefix_len: int  # SGLang's device_prefix_len
     last_node: TreeNode  # deepest usable matched node
     full_kv_hit_length: int = 0  # FULL match length (exceeds prefix_len when mamba states are missing)
     mamba_branching_seqlen: int | None = None
+
+    @property
+    def device_indices(self) -> np.ndarray:
+        """KV slots of the matched prefix."""
+        return np.concatenate(self.slot_chunks) if self.slot_chunks else _EMPTY
 
 
 class InsertResult(NamedTuple):
@@ -184,12 +189,11 @@ class RadixCache(BasePrefixCache):
             self._touch(node, t)
             t -= 1e-5
             node = node.parent
-        matched = values[:best_values]
-        indices = np.concatenate(matched) if matched else _EMPTY
-        return MatchResult(indices, len(indices), best, full_hit)
+        matched = tuple(values[:best_values])
+        return MatchResult(matched, sum(map(len, matched)), best, full_hit)
 
     def _empty_match(self) -> MatchResult:
-        return MatchResult(_EMPTY, 0, self.root_node, 0)
+        return MatchResult((), 0, self.root_node, 0)
 
     def path_device_indices(self, node: TreeNode) -> np.ndarray:
         chunks = []
