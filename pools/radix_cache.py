@@ -383,7 +383,7 @@ class RadixCache(BasePrefixCache):
             return
         key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
         aligned = len(key)
-        values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table -> a fresh int64 copy (the row is rewritten below)
+        values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table: a fresh int64 copy
         result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         self._split_prompt(req, key, values)
