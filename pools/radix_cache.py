@@ -219,9 +219,14 @@ class RadixCache(BasePrefixCache):
         return total, np.concatenate(tail[::-1]) if tail else _EMPTY
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None) -> InsertResult:
+    def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None,
+               from_node: TreeNode | None = None) -> InsertResult:
         """Insert ``key -> value`` (page-aligned). Existing nodes keep their own slots; the caller's
-        duplicates in ``[prev_prefix_len, already-cached length)`` are freed here, node by node."""
+        duplicates in ``[prev_prefix_len, already-cached length)`` are freed here, node by node.
+
+        ``from_node``: a node whose root path holds exactly ``key[:prev_prefix_len]`` (the node a request's
+        previous checkpoint locked). The walk down to it matches every node whole and frees nothing, so
+        only its recency stamps are replayed and the token compare resumes below it."""
         key = key.page_aligned(self.page_size)
         value = np.asarray(value, dtype=np.int64)[: len(key)]
         self._touch(self.root_node, self._tick())
@@ -230,6 +235,11 @@ class RadixCache(BasePrefixCache):
         tokens, extra = key.token_ids, key.extra_key
         alloc = self.token_to_kv_pool_allocator
         node, pos = self.root_node, 0
+        path = self._path_to(from_node) if from_node is not None and 0 < prev_prefix_len <= len(tokens) else None
+        if path is not None and sum(len(n.key) for n in path) == prev_prefix_len:
+            for n in path:
+                self._touch(n, self._tick())
+            node, pos = from_node, prev_prefix_len
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens[pos:], extra))
             if child is None:
@@ -250,6 +260,14 @@ class RadixCache(BasePrefixCache):
             target, is_new_leaf = node, False
         mamba_exist = self._commit_insert(target, is_new_leaf, mamba_value)
         return InsertResult(pos, target, mamba_exist)
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        """The nodes from the root's child down to ``node``."""
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        return path[::-1]
 
     def _commit_insert(self, node: TreeNode, is_new_leaf: bool, mamba_value: int | None) -> bool:
         return False
@@ -384,7 +402,8 @@ class RadixCache(BasePrefixCache):
         key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
         aligned = len(key)
         values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table: a fresh int64 copy
-        result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value)
+        result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value,
+                             from_node=req.last_node if req.lock is req.last_node else None)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         self._split_prompt(req, key, values)
         new_len, new_tail = self._path_tail(result.last_node, kv.cache_protected_len)
