@@ -130,8 +130,9 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    rows = np.array([r.kv.req_pool_idx for r in reqs], dtype=np.int64)
-    seq_lens = np.array([r.kv.kv_committed_len for r in reqs], dtype=np.int64)
+    kvs = [r.kv for r in reqs]
+    rows = np.fromiter([kv.req_pool_idx for kv in kvs], dtype=np.int64, count=len(kvs))
+    seq_lens = np.fromiter([kv.kv_committed_len for kv in kvs], dtype=np.int64, count=len(kvs))
     if ps == 1:
         out = alloc_token_slots(tree_cache, len(reqs))
     else:
@@ -143,9 +144,9 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
                                    f"available {allocator.available_size()}, evictable {tree_cache.evictable_size()}")
         out = np.asarray(out, dtype=np.int64)
     req_to_token_pool.write((rows, seq_lens), out)
-    for r in reqs:
-        r.kv.kv_allocated_len += 1
-        r.kv.kv_committed_len += 1
+    for kv in kvs:
+        kv.kv_allocated_len += 1
+        kv.kv_committed_len += 1
     return out
 
 
