@@ -27,6 +27,7 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self.free_slots: list[int] = list(range(1, self.size + 1))
+        self.row_kv: dict = {}  # row -> the ReqKvInfo holding it (what --check's KV conservation counts)
         self._row_free = np.ones(self.size + 1, dtype=bool)
         self._row_free[0] = False
 
@@ -68,12 +69,14 @@ class ReqToTokenPool:
             return None
         for r, row in zip(fresh, rows):
             r.kv.req_pool_idx = row
+            self.row_kv[row] = r.kv
         return [r.kv.req_pool_idx for r in reqs]
 
     def free(self, req) -> None:
         if req.kv.req_pool_idx is None:
             raise PoolError("freeing the row of a request that holds none")
         self.free_rows([req.kv.req_pool_idx])
+        self.row_kv.pop(req.kv.req_pool_idx, None)
         req.kv.req_pool_idx = None
 
     def write(self, indices, values) -> None:

@@ -50,7 +50,6 @@ class Simulation:
         self.arrivals_done = self.env.event()
         self._rr = 0
         self.num_requests = 0
-        self._all_reqs: list[Req] = []
 
     # ---------------------------------------------------------------- arrivals
     def _arrivals(self, trace: Iterable):
@@ -60,8 +59,6 @@ class Simulation:
                 yield self.env.timeout(delay)
             max_new, ignore_eos = self.max_new_tokens_for(treq)
             req = Req(treq.rid, treq, max_new, ignore_eos)
-            if self.check_every_step:
-                self._all_reqs.append(req)
             state = self._route(req)
             req.replica = self.replicas.index(state)
             state.scheduler.now = self.env.now
@@ -123,7 +120,7 @@ class Simulation:
                 self._record(state, launched)
                 state.step += 1
             if self.check_every_step:
-                self._check(sched, [r for r in self._all_reqs if r.replica == sched.replica])
+                self._check(sched)
             if launched is None and landed is None:
                 # Idle: nothing runs and nothing landed, so nothing changes until a request arrives.
                 sched.on_idle()
@@ -172,7 +169,7 @@ class Simulation:
         return sum((-r.kv.kv_allocated_len) % ps for r in sched.running_batch.reqs)
 
     @staticmethod
-    def _check(sched: Scheduler, reqs: list[Req]) -> None:
+    def _check(sched: Scheduler) -> None:
         """Debug mode: every pool's invariants and KV conservation
         (available + evictable + protected + request-owned == size)."""
         import numpy as np
@@ -183,10 +180,9 @@ class Simulation:
         pool.check_integrity()
         ps = alloc.page_size
         owned = 0
-        for r in reqs:
-            if r.kv.req_pool_idx is not None:
-                row = np.asarray(pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len:r.kv.kv_allocated_len])
-                owned += len(np.unique(row // ps)) * ps
+        for kv in pool.row_kv.values():  # every request holding a row
+            row = np.asarray(pool.req_to_token[kv.req_pool_idx, kv.cache_protected_len:kv.kv_allocated_len])
+            owned += len(np.unique(row // ps)) * ps
         total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
         if total != sched.config.max_total_num_tokens:
             raise AssertionError(f"KV not conserved at t={sched.now}: available {alloc.available_size()} + "
