@@ -93,7 +93,8 @@ class ReqToTokenPool:
         free = self.free_slots
         if len(set(free)) != len(free):
             raise PoolError("a request row is on the free list twice")
-        if any(not 0 < r <= self.size for r in free):
+        ids = np.asarray(free, dtype=np.int64)
+        if ids.size and (ids.min() < 1 or ids.max() > self.size):
             raise PoolError("the request-row free list holds row 0 or a row out of range")
         if int(self._row_free.sum()) != len(free):
             raise PoolError("request-row free list and row ownership disagree")

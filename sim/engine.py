@@ -182,7 +182,8 @@ class Simulation:
         owned = 0
         for kv in pool.row_kv.values():  # every request holding a row
             row = np.asarray(pool.req_to_token[kv.req_pool_idx, kv.cache_protected_len:kv.kv_allocated_len])
-            owned += len(np.unique(row // ps)) * ps
+            pages = np.sort(row // ps if ps > 1 else row)
+            owned += (int(np.count_nonzero(pages[1:] != pages[:-1])) + 1 if pages.size else 0) * ps  # distinct
         total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
         if total != sched.config.max_total_num_tokens:
             raise AssertionError(f"KV not conserved at t={sched.now}: available {alloc.available_size()} + "
