@@ -49,9 +49,11 @@ def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow
     return result
 
 
-def _prefix_indices(req, tree_cache, req_to_token_pool) -> np.ndarray:
+def _prefix_indices(req, tree_cache, req_to_token_pool) -> np.ndarray | None:
+    """The prefix slots to write into a fresh row; None when the request's own row already holds them
+    (a continuing chunk): copying them out and back would write the same values."""
     if req.kv.holds_kv:
-        return np.asarray(req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.prefix_len], dtype=np.int64)
+        return None
     if req.prefix_len == 0:
         return _EMPTY
     return tree_cache.path_device_indices(req.last_node)[: req.prefix_len]
@@ -101,7 +103,10 @@ def alloc_for_extend(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     if ps == 1:
         out = alloc_token_slots(tree_cache, extend_num_tokens)
     else:
-        last_loc = np.array([p[-1] if len(p) else -1 for p in prefixes], dtype=np.int64)
+        table = req_to_token_pool.req_to_token
+        last_loc = np.array([-1 if r.prefix_len == 0 else p[-1] if p is not None
+                             else int(table[r.kv.req_pool_idx, r.prefix_len - 1])
+                             for r, p in zip(reqs, prefixes)], dtype=np.int64)
         evict_from_tree_cache(tree_cache, extend_num_tokens + len(reqs) * ps)  # conservative: a new page each
         out = allocator.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
         if out is None:
@@ -112,7 +117,7 @@ def alloc_for_extend(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     start = 0
     for r, prefix, pre, seq in zip(reqs, prefixes, prefix_lens, seq_lens):
         row = r.kv.req_pool_idx
-        if pre:
+        if pre and prefix is not None:
             table.write((row, slice(0, int(pre))), prefix)
         table.write((row, slice(int(pre), int(seq))), out[start: start + int(seq - pre)])
         start += int(seq - pre)
@@ -125,8 +130,9 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    rows = np.array([r.kv.req_pool_idx for r in reqs], dtype=np.int64)
-    seq_lens = np.array([r.kv.kv_committed_len for r in reqs], dtype=np.int64)
+    kvs = [r.kv for r in reqs]
+    rows = np.fromiter([kv.req_pool_idx for kv in kvs], dtype=np.int64, count=len(kvs))
+    seq_lens = np.fromiter([kv.kv_committed_len for kv in kvs], dtype=np.int64, count=len(kvs))
     if ps == 1:
         out = alloc_token_slots(tree_cache, len(reqs))
     else:
@@ -138,9 +144,9 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
                                    f"available {allocator.available_size()}, evictable {tree_cache.evictable_size()}")
         out = np.asarray(out, dtype=np.int64)
     req_to_token_pool.write((rows, seq_lens), out)
-    for r in reqs:
-        r.kv.kv_allocated_len += 1
-        r.kv.kv_committed_len += 1
+    for kv in kvs:
+        kv.kv_allocated_len += 1
+        kv.kv_committed_len += 1
     return out
 
 

@@ -21,6 +21,8 @@ from pools.free_list import FreeList
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
+    checks = True  # double-free and ownership checks; set_checks(False) before use skips them
+
     def __init__(self, size: int, page_size: int, need_sort: bool = False, device: str | None = None,
                  kvcache=None):
         if size < 0:
@@ -74,6 +76,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def get_kvcache(self):
         return self._kvcache
 
+    def set_checks(self, enabled: bool) -> None:
+        """Turn the double-free checks off (or on) for a fresh allocator; ids handed out do not change."""
+        self.checks = self._free.checks = enabled
+
     # -- free groups ----------------------------------------------------------------------
     def free_group_begin(self) -> None:
         if self.free_group is not None:
@@ -116,7 +122,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         super().__init__(size, 1, need_sort, device, kvcache)
 
     def clear(self) -> None:
-        self._free = FreeList(self.xp, self.size, "slot")
+        self._free = FreeList(self.xp, self.size, "slot", self.checks)
         self._clear_staged()
         self.free_group = None
 
@@ -154,7 +160,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """Page size > 1 (``allocator/paged.py``): every request's slots are page-aligned."""
 
     def clear(self) -> None:
-        self._free = FreeList(self.xp, self.size // self.page_size, "page")
+        self._free = FreeList(self.xp, self.size // self.page_size, "page", self.checks)
         self._clear_staged()  # SGLang's staged_pages / num_staged_pages
         self.free_group = None
         self.free_page_ids_group: list = []
@@ -271,6 +277,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 class MambaSlotAllocator:
     """Free list of mamba state slots (``allocator/mamba.py``): slot 0 reserved, head alloc, FIFO free."""
 
+    checks = True
+
     def __init__(self, size: int, device: str | None = None):
         if size < 0:
             raise PoolError(f"mamba pool size must be >= 0, got {size}")
@@ -281,12 +289,15 @@ class MambaSlotAllocator:
         self.clear()
 
     def clear(self) -> None:
-        self._free = FreeList(self.xp, self.size, "mamba slot")
+        self._free = FreeList(self.xp, self.size, "mamba slot", self.checks)
         self._group = None
 
     @property
     def free_slots(self):
         return self._free.to_array()
+
+    def set_checks(self, enabled: bool) -> None:
+        self.checks = self._free.checks = enabled
 
     def available_size(self) -> int:
         return len(self._free)

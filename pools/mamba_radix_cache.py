@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from itertools import islice
 
 from pools.errors import MambaCapacityError, PoolError
 from pools.radix_cache import MatchResult, RadixCache, TreeNode
@@ -137,17 +138,24 @@ class MambaRadixCache(RadixCache):
     def evict_mamba(self, num: int) -> int:
         """Free ``num`` state slots, least recently used first: an internal node loses only its state,
         a leaf is deleted with its KV. Returns states freed."""
-        freed = 0
-        for node in list(self.mamba_lru.values()):
-            if freed >= num:
+        freed = skipped = 0
+        while freed < num:
+            # Freeing a node removes only that node from the LRU, so the locked nodes skipped so far stay
+            # at its head: read the next few candidates after them instead of copying the whole list.
+            batch = list(islice(self.mamba_lru.values(), skipped, skipped + num - freed + 8))
+            if not batch:
                 break
-            if node.id not in self.mamba_lru or node.mamba_lock_ref > 0:
-                continue
-            if node in self.evictable_leaves:
-                self._delete_leaf(node)
-            else:
-                self._release_mamba(node)
-            freed += 1
+            for node in batch:
+                if freed >= num:
+                    break
+                if node.mamba_lock_ref > 0:
+                    skipped += 1
+                    continue
+                if node in self.evictable_leaves:
+                    self._delete_leaf(node)
+                else:
+                    self._release_mamba(node)
+                freed += 1
         return freed
 
     def _alloc_mamba_slot(self) -> int:

@@ -27,7 +27,7 @@ class DisabledRadixCache(BasePrefixCache):
         return False
 
     def match_prefix(self, key, **kwargs) -> MatchResult:
-        return MatchResult(_EMPTY, 0, self.root_node, 0)
+        return MatchResult((), 0, self.root_node, 0)
 
     def insert(self, key, value, prev_prefix_len: int = 0, mamba_value=None) -> InsertResult:
         return InsertResult(0, self.root_node)

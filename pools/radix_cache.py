@@ -67,11 +67,16 @@ class TreeNode:
 
 
 class MatchResult(NamedTuple):
-    device_indices: np.ndarray  # KV slots of the matched prefix
+    slot_chunks: tuple  # the matched nodes' slot arrays, root first (joined only when asked for)
     prefix_len: int  # SGLang's device_prefix_len
     last_node: TreeNode  # deepest usable matched node
     full_kv_hit_length: int = 0  # FULL match length (exceeds prefix_len when mamba states are missing)
     mamba_branching_seqlen: int | None = None
+
+    @property
+    def device_indices(self) -> np.ndarray:
+        """KV slots of the matched prefix."""
+        return np.concatenate(self.slot_chunks) if self.slot_chunks else _EMPTY
 
 
 class InsertResult(NamedTuple):
@@ -138,7 +143,10 @@ class RadixCache(BasePrefixCache):
 
     def _match_len(self, node_key: np.ndarray, tokens: np.ndarray) -> int:
         n = min(len(node_key), len(tokens))
-        diff = np.flatnonzero(node_key[:n] != tokens[:n])
+        a, b = node_key[:n], tokens[:n]
+        if a.tobytes() == b.tobytes():  # the common case, one memcmp instead of a vectorised compare
+            return n // self.page_size * self.page_size
+        diff = np.flatnonzero(a != b)
         m = int(diff[0]) if diff.size else n
         return m // self.page_size * self.page_size
 
@@ -181,12 +189,11 @@ class RadixCache(BasePrefixCache):
             self._touch(node, t)
             t -= 1e-5
             node = node.parent
-        matched = values[:best_values]
-        indices = np.concatenate(matched) if matched else _EMPTY
-        return MatchResult(indices, len(indices), best, full_hit)
+        matched = tuple(values[:best_values])
+        return MatchResult(matched, sum(map(len, matched)), best, full_hit)
 
     def _empty_match(self) -> MatchResult:
-        return MatchResult(_EMPTY, 0, self.root_node, 0)
+        return MatchResult((), 0, self.root_node, 0)
 
     def path_device_indices(self, node: TreeNode) -> np.ndarray:
         chunks = []
@@ -195,10 +202,31 @@ class RadixCache(BasePrefixCache):
             node = node.parent
         return np.concatenate(chunks[::-1]) if chunks else _EMPTY
 
+    def _path_tail(self, node: TreeNode, start: int) -> tuple[int, np.ndarray]:
+        """(length of the path to ``node``, its slots from position ``start`` on), without concatenating
+        the part before ``start`` that the caller's row already holds."""
+        chunks = []
+        while node is not self.root_node:
+            chunks.append(node.value)
+            node = node.parent
+        total = sum(map(len, chunks))
+        tail, covered = [], total
+        for chunk in chunks:
+            if covered <= start:
+                break
+            covered -= len(chunk)
+            tail.append(chunk[max(start - covered, 0):])
+        return total, np.concatenate(tail[::-1]) if tail else _EMPTY
+
     # ------------------------------------------------------------------ insert
-    def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None) -> InsertResult:
+    def insert(self, key: RadixKey, value, prev_prefix_len: int = 0, mamba_value: int | None = None,
+               from_node: TreeNode | None = None) -> InsertResult:
         """Insert ``key -> value`` (page-aligned). Existing nodes keep their own slots; the caller's
-        duplicates in ``[prev_prefix_len, already-cached length)`` are freed here, node by node."""
+        duplicates in ``[prev_prefix_len, already-cached length)`` are freed here, node by node.
+
+        ``from_node``: a node whose root path holds exactly ``key[:prev_prefix_len]`` (the node a request's
+        previous checkpoint locked). The walk down to it matches every node whole and frees nothing, so
+        only its recency stamps are replayed and the token compare resumes below it."""
         key = key.page_aligned(self.page_size)
         value = np.asarray(value, dtype=np.int64)[: len(key)]
         self._touch(self.root_node, self._tick())
@@ -207,6 +235,11 @@ class RadixCache(BasePrefixCache):
         tokens, extra = key.token_ids, key.extra_key
         alloc = self.token_to_kv_pool_allocator
         node, pos = self.root_node, 0
+        path = self._path_to(from_node) if from_node is not None and 0 < prev_prefix_len <= len(tokens) else None
+        if path is not None and sum(len(n.key) for n in path) == prev_prefix_len:
+            for n in path:
+                self._touch(n, self._tick())
+            node, pos = from_node, prev_prefix_len
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens[pos:], extra))
             if child is None:
@@ -227,6 +260,14 @@ class RadixCache(BasePrefixCache):
             target, is_new_leaf = node, False
         mamba_exist = self._commit_insert(target, is_new_leaf, mamba_value)
         return InsertResult(pos, target, mamba_exist)
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        """The nodes from the root's child down to ``node``."""
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        return path[::-1]
 
     def _commit_insert(self, node: TreeNode, is_new_leaf: bool, mamba_value: int | None) -> bool:
         return False
@@ -360,16 +401,16 @@ class RadixCache(BasePrefixCache):
             return
         key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
         aligned = len(key)
-        values = np.asarray(row[:aligned], dtype=np.int64).copy()
-        result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value)
+        values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table: a fresh int64 copy
+        result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value,
+                             from_node=req.last_node if req.lock is req.last_node else None)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         self._split_prompt(req, key, values)
-        new_indices = self.path_device_indices(result.last_node)
-        self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, len(new_indices))),
-                                     new_indices[kv.cache_protected_len:])
+        new_len, new_tail = self._path_tail(result.last_node, kv.cache_protected_len)
+        self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, new_len)), new_tail)
         self.unlock(req.lock)
         req.lock = self.lock(result.last_node)
-        kv.cache_protected_len = len(new_indices)
+        kv.cache_protected_len = new_len
         req.last_node = result.last_node
         self._cleanup_after_caching(req, is_finished, result, mamba_value, keep_idx)
 

@@ -27,6 +27,7 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self.free_slots: list[int] = list(range(1, self.size + 1))
+        self.row_kv: dict = {}  # row -> the ReqKvInfo holding it (what --check's KV conservation counts)
         self._row_free = np.ones(self.size + 1, dtype=bool)
         self._row_free[0] = False
 
@@ -68,12 +69,14 @@ class ReqToTokenPool:
             return None
         for r, row in zip(fresh, rows):
             r.kv.req_pool_idx = row
+            self.row_kv[row] = r.kv
         return [r.kv.req_pool_idx for r in reqs]
 
     def free(self, req) -> None:
         if req.kv.req_pool_idx is None:
             raise PoolError("freeing the row of a request that holds none")
         self.free_rows([req.kv.req_pool_idx])
+        self.row_kv.pop(req.kv.req_pool_idx, None)
         req.kv.req_pool_idx = None
 
     def write(self, indices, values) -> None:
@@ -90,7 +93,8 @@ class ReqToTokenPool:
         free = self.free_slots
         if len(set(free)) != len(free):
             raise PoolError("a request row is on the free list twice")
-        if any(not 0 < r <= self.size for r in free):
+        ids = np.asarray(free, dtype=np.int64)
+        if ids.size and (ids.min() < 1 or ids.max() > self.size):
             raise PoolError("the request-row free list holds row 0 or a row out of range")
         if int(self._row_free.sum()) != len(free):
             raise PoolError("request-row free list and row ownership disagree")

@@ -22,6 +22,7 @@ from sim.scheduler import Scheduler
 
 
 FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
+FULL_SCAN_IDS = 1 << 16  # --check: free-list ids scanned per step, at most about this many on average
 
 
 class Launch(NamedTuple):
@@ -75,7 +76,6 @@ class Simulation:
         self.arrivals_done = self.env.event()
         self._rr = 0
         self.num_requests = 0
-        self._all_reqs: list[Req] = []
         # bench_serving's asyncio.Semaphore(max_concurrency): a slot is taken at send and given back at finish
         self.slots = self._slots(max_concurrency)
         self.num_done = 0
@@ -104,8 +104,6 @@ class Simulation:
             req = Req(treq.rid, treq, max_new, ignore_eos)
             if self.slots is not None or offset:
                 req.arrival_s = self.env.now  # the send time (bench_serving starts a request's clock here)
-            if self.check_every_step:
-                self._all_reqs.append(req)
             self.num_requests += 1
             if self.request_cpu_s > 0:
                 # HTTP, tokenizer and scheduler admission: the request reaches the scheduler later than
@@ -219,7 +217,7 @@ class Simulation:
                 self._record(state, launched, scheduled)
                 state.step += 1
             if self.check_every_step:
-                self._check(sched, [r for r in self._all_reqs if r.replica == sched.replica])
+                self._check(sched, state.step)
             if launched is None and landed is None:
                 # Idle: nothing runs and nothing landed, so nothing changes until a request arrives.
                 sched.on_idle()
@@ -278,21 +276,26 @@ class Simulation:
         return sum((-r.kv.kv_allocated_len) % ps for r in sched.running_batch.reqs)
 
     @staticmethod
-    def _check(sched: Scheduler, reqs: list[Req]) -> None:
+    def _check(sched: Scheduler, step: int) -> None:
         """Debug mode: every pool's invariants and KV conservation
-        (available + evictable + protected + request-owned == size)."""
+        (available + evictable + protected + request-owned == size).
+
+        The KV free list's full scan is O(pool); on pools past FULL_SCAN_IDS ids it runs every
+        pages // FULL_SCAN_IDS steps (every step on small pools), while every free is still checked
+        for double frees as it happens."""
         import numpy as np
 
         tree, alloc, pool = sched.tree_cache, sched.allocator, sched.req_to_token_pool
         tree.check_integrity()
-        alloc.check_integrity()
+        if step % max(1, alloc.num_pages // FULL_SCAN_IDS) == 0:
+            alloc.check_integrity()
         pool.check_integrity()
         ps = alloc.page_size
         owned = 0
-        for r in reqs:
-            if r.kv.req_pool_idx is not None:
-                row = np.asarray(pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len:r.kv.kv_allocated_len])
-                owned += len(np.unique(row // ps)) * ps
+        for kv in pool.row_kv.values():  # every request holding a row
+            row = np.asarray(pool.req_to_token[kv.req_pool_idx, kv.cache_protected_len:kv.kv_allocated_len])
+            pages = np.sort(row // ps if ps > 1 else row)
+            owned += (int(np.count_nonzero(pages[1:] != pages[:-1])) + 1 if pages.size else 0) * ps  # distinct
         total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
         if total != sched.config.max_total_num_tokens:
             raise AssertionError(f"KV not conserved at t={sched.now}: available {alloc.available_size()} + "

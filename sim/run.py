@@ -156,7 +156,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         device, mamba = replay.device, replay.mamba_config(mamba)
     recorder = Recorder(stream_dir, table_format, chunk_rows)
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
-                            recorder=recorder, replica=i, device=device) for i in range(args.dp_size)]
+                            recorder=recorder, replica=i, device=device, checks=check) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
     step_fn = clock if replay is None else replay.step_time(clock, servers)
     sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),

@@ -195,8 +195,14 @@ class Scheduler:
         can_run = adder.can_run_list
         if not can_run:
             return None
-        chosen = set(map(id, can_run))
-        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
+        # The loop admits in queue order and stops at the first request it turns away, so the admitted
+        # ones (less the continuing chunked request, which is not queued) are the head of the queue.
+        num_admitted = len(can_run) - (continuing is not None)
+        if num_admitted and self.waiting_queue[num_admitted - 1] is can_run[-1]:
+            self.waiting_queue = self.waiting_queue[num_admitted:]
+        elif num_admitted:
+            chosen = set(map(id, can_run))
+            self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         if self.chunked_req is not None:
@@ -226,8 +232,11 @@ class Scheduler:
         """Overlap: requests whose queued (unprocessed) result finishes them by length skip this step."""
         if not self.config.enable_overlap or not self.result_queue:
             return []
+        near_end = [r for r in batch.reqs if r.num_output + 1 >= r.max_new_tokens]  # next_output_finishes_by_length
+        if not near_end:
+            return near_end
         queued = set(map(id, self.result_queue[0].batch.reqs))
-        return [r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()]
+        return [r for r in near_end if id(r) in queued]
 
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
         initial_bs = batch.batch_size()
@@ -292,12 +301,12 @@ class Scheduler:
     def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
         for req in reqs:
-            if overlap and (req.finished() or req.is_retracted):
+            if overlap and (req.finished_reason is not None or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
             if mamba_tracks and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
                 self.tree_cache.commit_decode_track(req, mamba_tracks[id(req)])
-            if req.finished():
+            if req.finished_reason is not None:
                 self._finish(req, end_time, step)
 
     def _finish(self, req, end_time: float, step: int) -> None:

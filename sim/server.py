@@ -29,9 +29,10 @@ class MambaConfig:
 
 
 def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
-                 recorder=None, replica: int = 0, device: str | None = None) -> Scheduler:
+                 recorder=None, replica: int = 0, device: str | None = None, checks: bool = True) -> Scheduler:
     """``device``: None runs the pools on numpy (the simulator); a torch device runs the same bookkeeping on
-    torch tensors there, state buffers included (the validation path)."""
+    torch tensors there, state buffers included (the validation path). ``checks``: the free lists' double-free
+    checks (off for a plain run: they never change an id)."""
     rows = config.max_running_requests
     width = config.max_context_len or config.context_len
     if mamba is None:
@@ -44,6 +45,9 @@ def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disa
         allocator = TokenToKVPoolAllocator(config.max_total_num_tokens, device=device)
     else:
         allocator = PagedTokenToKVPoolAllocator(config.max_total_num_tokens, config.page_size, device=device)
+    allocator.set_checks(checks)
+    if mamba is not None:
+        pool.mamba_allocator.set_checks(checks)
     if disable_radix_cache:
         tree = DisabledRadixCache(pool, allocator)
     elif mamba is not None:

@@ -273,3 +273,29 @@ def test_insert_returns_cached_length_and_keeps_existing_values():
     assert again.prefix_len == 3
     assert as_list(tree.match_prefix(RadixKey([1, 2, 3, 4])).device_indices) == [5, 6, 7, 4]
     assert as_list(alloc.free_pages)[-3:] == [1, 2, 3]  # the caller's copies of [1, 2, 3] were freed
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_insert_from_the_locked_node_equals_the_walk_from_the_root(page_size):
+    """A chunk checkpoint resumes below the node the previous one locked: same nodes, recency stamps, clock
+    and freed slots as the full walk (here the locked node was split by another insert in between)."""
+    def run(use_hint):
+        tree, pool, alloc = make_tree(64, page_size)
+        tokens = np.arange(1, 33, dtype=np.int64)
+        slots = np.asarray(alloc.alloc(16))
+        node = tree.insert(RadixKey(tokens[:16]), slots).last_node
+        tree.lock(node)
+        tree.insert(RadixKey(np.concatenate([tokens[:8], [900] * 8])), alloc.alloc(16))  # splits the path
+        tree.insert(RadixKey(tokens[16:24]), alloc.alloc(8))  # an unrelated branch
+        ours = np.asarray(alloc.alloc(16))  # the request's slots for [16, 32)
+        res = tree.insert(RadixKey(tokens), np.concatenate([slots, ours]), prev_prefix_len=16,
+                          from_node=node if use_hint else None)
+        nodes, stack = [], [tree.root_node]
+        while stack:
+            n = stack.pop()
+            nodes.append((n.id, n.parent.id if n.parent else -1, n.lock_ref, n.last_access_time,
+                          as_list(n.key), as_list(n.value)))
+            stack.extend(sorted(n.children.values(), key=lambda c: c.id))
+        return res.prefix_len, res.last_node.id, tree._clock, sorted(nodes), as_list(alloc.free_pages)
+
+    assert run(True) == run(False)
