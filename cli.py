@@ -531,6 +531,7 @@ def sweep(
         if base.get("gpu") is None and "gpu" not in axes:
             raise ValueError("--gpu (or --grid gpu=...) is required")
         path = str(trace or DEFAULT_TRACE)
+        _load_trace(trace, None, False)  # a bad trace is one error for the command, not one per configuration
         callback, bar = _progress(0, as_json)
         if bar is not None:
             bar.update(bar.task_ids[0], total=1)
