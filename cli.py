@@ -346,6 +346,8 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
     def describe():  # once the server is built and stepping: every flag has passed SGLang's checks
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         _log_warnings(plan.warnings)
+        for note in plan.notes:  # what poolsim assumed reading the model, as `plan` shows it
+            typer.echo(f"note: {note}", err=True)
         typer.echo(_describe(model, gpu, args, plan, trace_info))
 
     with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}", show=not quiet,
