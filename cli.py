@@ -567,7 +567,13 @@ def sweep(
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
                         "aborted", "binding_pool", "cost", "error") if c in table.columns]
-    typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+    import pandas as pd
+
+    shown = table[cols].copy()
+    for c in ("gpus", "retractions", "aborted"):  # counts, NaN on a refused configuration's row
+        if c in shown:
+            shown[c] = shown[c].map(lambda x: "-" if pd.isna(x) else f"{int(x):,}")
+    typer.echo(shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:,.2f}"))
     if slo_p99_s is not None:
         typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: "
                    + ("none" if best is None else best["label"]))
