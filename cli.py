@@ -206,7 +206,7 @@ def plan(
                                        help="Comma-separated context lengths for the concurrency table."),
     compare: bool = typer.Option(False, "--compare", help="Hybrid vs the same model with every layer full attention."),
     against: Optional[str] = typer.Option(None, "--against", help="A second model for --compare."),
-    against_tp: Optional[int] = typer.Option(None, "--against-tp"),
+    against_tp: Optional[int] = typer.Option(None, "--against-tp", help="tp for --against (default: --tp)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the --compare plot (PNG) here."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file poolsim did not write."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -504,9 +504,10 @@ def sweep(
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s)."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel simulations (default: CPU count)."),
-    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy"),
+    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
+                                       help="trace, ignore_eos or fixed:N, as for `run`."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from sim.output import check_out_dir, publish_dir
@@ -636,6 +637,8 @@ app.add_typer(trace_app, name="trace")
 FORMAT_OPT = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)")
 SKIP_OPT = typer.Option(False, "--skip-bad-lines", help="skip malformed lines and report how many")
 JSON_OPT = typer.Option(False, "--json", help="machine-readable output")
+FILE_ARG = typer.Argument(..., help="trace file (any supported format)")
+OUT_ARG = typer.Argument(..., help="the trace to write, in poolsim's JSONL format")
 FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT even if it is not a poolsim-format trace")
 
 
@@ -691,7 +694,7 @@ def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
 
 
 @trace_app.command("inspect")
-def trace_inspect(file: Path, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
+def trace_inspect(file: Path = FILE_ARG, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
                   block_size: int = typer.Option(512, help="tokens per block for the block-granularity ratio"),
                   as_json: bool = JSON_OPT) -> None:
     """Requests, duration, rate, length percentiles and prefix sharing with an unbounded cache."""
@@ -733,7 +736,8 @@ def _print_stats(s) -> None:
 
 
 @trace_app.command("convert")
-def trace_convert(file: Path, out: Path, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
+def trace_convert(file: Path = FILE_ARG, out: Path = OUT_ARG, fmt: Optional[str] = FORMAT_OPT,
+                  skip_bad_lines: bool = SKIP_OPT,
                   force: bool = FORCE_OPT, as_json: bool = JSON_OPT) -> None:
     """Write any trace in poolsim's own JSONL format."""
     with _one_line_errors():
@@ -742,7 +746,7 @@ def trace_convert(file: Path, out: Path, fmt: Optional[str] = FORMAT_OPT, skip_b
 
 
 @trace_app.command("slice")
-def trace_slice(file: Path, out: Path, start: float = typer.Option(0.0, help="window start (s)"),
+def trace_slice(file: Path = FILE_ARG, out: Path = OUT_ARG, start: float = typer.Option(0.0, help="window start (s)"),
                 end: float = typer.Option(math.inf, help="window end (s, exclusive)"),
                 rebase: bool = typer.Option(True, help="shift arrivals so the window starts at 0"),
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
@@ -756,7 +760,8 @@ def trace_slice(file: Path, out: Path, start: float = typer.Option(0.0, help="wi
 
 
 @trace_app.command("scale")
-def trace_scale(file: Path, out: Path, factor: Optional[float] = typer.Option(None, help="rate multiplier"),
+def trace_scale(file: Path = FILE_ARG, out: Path = OUT_ARG,
+                factor: Optional[float] = typer.Option(None, help="rate multiplier"),
                 rate: Optional[float] = typer.Option(None, help="target mean rate (req/s) instead of a factor"),
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
                 as_json: bool = JSON_OPT) -> None:
@@ -773,9 +778,9 @@ def trace_scale(file: Path, out: Path, factor: Optional[float] = typer.Option(No
 
 @trace_app.command("generate")
 def trace_generate(
-    out: Path,
+    out: Path = OUT_ARG,
     preset: str = typer.Option("chat", help="chat or agent: the defaults every other flag overrides"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="random seed: the same seed and flags give the same trace"),
     sessions: Optional[int] = typer.Option(None, help="number of sessions"),
     rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP "
                                                   "(optionally ,PERIOD)"),
@@ -858,21 +863,27 @@ def bench(
     dataset_name: str = typer.Option("random-ids", "--dataset-name",
                                      help="random-ids|random|sharegpt (random, sharegpt: need --dataset-path)."),
     dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
-    num_prompts: int = typer.Option(1000, "--num-prompts"),
-    random_input_len: int = typer.Option(1024, "--random-input-len"),
-    random_output_len: int = typer.Option(1024, "--random-output-len"),
-    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
+    num_prompts: int = typer.Option(1000, "--num-prompts", help="Number of prompts to process."),
+    random_input_len: int = typer.Option(1024, "--random-input-len",
+                                         help="Number of input tokens per request (random datasets)."),
+    random_output_len: int = typer.Option(1024, "--random-output-len",
+                                          help="Number of output tokens per request (random datasets)."),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio",
+                                            help="Range of sampled ratio of input/output length (random)."),
     range_style: str = typer.Option("sglang", "--random-range-style",
                                     help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]."),
-    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len"),
-    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len"),
+    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len",
+                                                      help="Output length for each request (overrides ShareGPT's)."),
+    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len",
+                                                       help="Requests longer than this are dropped (ShareGPT)."),
     request_rate: str = typer.Option("inf", "--request-rate",
                                      help="req/s (Poisson) or inf; a comma list runs back to back."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="vLLM's gamma shape (1: SGLang's Poisson)."),
     max_concurrency: Optional[str] = typer.Option(None, "--max-concurrency",
                                                   help="at most N in flight; a comma list runs back to back."),
-    seed: int = typer.Option(42, "--seed"),
-    warmup_requests: int = typer.Option(1, "--warmup-requests"),
+    seed: int = typer.Option(42, "--seed", help="The random seed."),
+    warmup_requests: int = typer.Option(1, "--warmup-requests",
+                                        help="Number of warmup requests to run before the benchmark."),
     flush_cache: bool = typer.Option(False, "--flush-cache", help="/flush_cache after each run's warm-up."),
     tokenizer_vocab_size: Optional[int] = typer.Option(None, "--tokenizer-vocab-size",
                                                        help="random-ids: the tokenizer's vocab_size "
