@@ -264,14 +264,23 @@ def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
     return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
 
 
-def _progress(total: int, quiet: bool):
-    """A rich progress bar over finished requests; the callback and the context to close it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _bar(label: str, unit: str, sim_time: bool = True, console=None):
+    """A transient rich bar on stderr, narrow enough for an 80-column terminal with a long model name."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    columns = [TextColumn(label), BarColumn(bar_width=10), MofNCompleteColumn(), TextColumn(unit)]
+    if sim_time:
+        columns.append(TextColumn("sim {task.fields[t]:,.0f} s"))
+    columns += [TextColumn("ETA"), TimeRemainingColumn()]
+    return Progress(*columns, console=console or Console(stderr=True), transient=True)
+
+
+def _progress(total: int, quiet: bool):
+    """The sweep's bar over finished configurations; the callback and the context to close it."""
     if quiet:
         return None, None
-    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                   TextColumn("sim t={task.fields[t]:.1f} s"), TimeElapsedColumn(), transient=True)
+    bar = _bar("sweep", "configurations", sim_time=False)
     task = bar.add_task("run", total=total, t=0.0)
     return (lambda done, t: bar.update(task, completed=done, t=t)), bar
 
@@ -288,14 +297,7 @@ class RunProgress:
         self.bar = self.task = None
         self.show = show
         if show and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self.bar = Progress(TextColumn(f"simulating {label}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("requests"), TextColumn("sim t={task.fields[t]:.1f} s"),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                console=Console(stderr=True), transient=True)
+            self.bar = _bar(label, "requests")
             self.task = self.bar.add_task("run", total=total, t=0.0)
 
     def __call__(self, done: int, t: float) -> None:
