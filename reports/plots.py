@@ -539,8 +539,9 @@ def plot_frontier(sweep: pd.DataFrame, slo_s: float | None = None, cost_unit: st
         fig.colorbar(pts, ax=ax, label=f"cost ({cost_unit})")
     else:
         ax.scatter(sweep["p99_latency_s"], sweep["throughput_tok_s"], color=COLORS["own"], s=36, zorder=3)
-    ax.plot(front["p99_latency_s"], front["throughput_tok_s"], color="black", lw=1.2, drawstyle="steps-post",
-            label="frontier", zorder=2)
+    if len(front) > 1:  # one point draws no line: no legend entry for it either
+        ax.plot(front["p99_latency_s"], front["throughput_tok_s"], color="black", lw=1.2, drawstyle="steps-post",
+                label="frontier", zorder=2)
     labelled = sweep if len(sweep) <= 20 else front
     for _, row in labelled.iterrows():
         ax.annotate(str(row["label"]), (row["p99_latency_s"], row["throughput_tok_s"]), xytext=(4, 4),
@@ -556,7 +557,8 @@ def plot_frontier(sweep: pd.DataFrame, slo_s: float | None = None, cost_unit: st
         ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     ax.grid(True, alpha=0.3)
     ax.margins(0.12)
-    ax.legend(fontsize=9, loc="best")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=9, loc="best")
     if has_cost:
         ax2 = axes[1]
         per_cost = sweep["throughput_tok_s"] / sweep["cost"]
