@@ -206,7 +206,7 @@ def plan(
                                        help="Comma-separated context lengths for the concurrency table."),
     compare: bool = typer.Option(False, "--compare", help="Hybrid vs the same model with every layer full attention."),
     against: Optional[str] = typer.Option(None, "--against", help="A second model for --compare."),
-    against_tp: Optional[int] = typer.Option(None, "--against-tp"),
+    against_tp: Optional[int] = typer.Option(None, "--against-tp", help="tp for --against (default: --tp)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the --compare plot (PNG) here."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file poolsim did not write."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -264,16 +264,23 @@ def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
     return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
 
 
-def _progress(total: int, quiet: bool, unit: str = "requests"):
-    """A rich progress bar over finished requests (or sweep configurations); the callback and the context to
-    close it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _bar(label: str, unit: str, sim_time: bool = True, console=None):
+    """A transient rich bar on stderr, narrow enough for an 80-column terminal with a long model name."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    columns = [TextColumn(label), BarColumn(bar_width=10), MofNCompleteColumn(), TextColumn(unit)]
+    if sim_time:
+        columns.append(TextColumn("sim {task.fields[t]:,.0f} s"))
+    columns += [TextColumn("ETA"), TimeRemainingColumn()]
+    return Progress(*columns, console=console or Console(stderr=True), transient=True)
+
+
+def _progress(total: int, quiet: bool):
+    """The sweep's bar over finished configurations; the callback and the context to close it."""
     if quiet:
         return None, None
-    sim_time = [TextColumn("sim t={task.fields[t]:.1f} s")] if unit == "requests" else []
-    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                   *sim_time, TimeElapsedColumn(), transient=True)
+    bar = _bar("sweep", "configurations", sim_time=False)
     task = bar.add_task("run", total=total, t=0.0)
     return (lambda done, t: bar.update(task, completed=done, t=t)), bar
 
@@ -290,14 +297,7 @@ class RunProgress:
         self.bar = self.task = None
         self.show = show
         if show and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self.bar = Progress(TextColumn(f"simulating {label}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("requests"), TextColumn("sim t={task.fields[t]:.1f} s"),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                console=Console(stderr=True), transient=True)
+            self.bar = _bar(label, "requests")
             self.task = self.bar.add_task("run", total=total, t=0.0)
 
     def __call__(self, done: int, t: float) -> None:
@@ -348,6 +348,8 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
     def describe():  # once the server is built and stepping: every flag has passed SGLang's checks
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         _log_warnings(plan.warnings)
+        for note in plan.notes:  # what poolsim assumed reading the model, as `plan` shows it
+            typer.echo(f"note: {note}", err=True)
         typer.echo(_describe(model, gpu, args, plan, trace_info))
 
     with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}", show=not quiet,
@@ -512,9 +514,10 @@ def sweep(
                                                   "'poolsim[ray]'): the cluster in RAY_ADDRESS, else a local one."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join (auto, "
                                               "HOST:PORT, ray://HOST:PORT); implies --ray."),
-    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy"),
+    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
+                                       help="trace, ignore_eos or fixed:N, as for `run`."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from sim.output import check_out_dir, publish_dir
@@ -541,7 +544,8 @@ def sweep(
         if base.get("gpu") is None and "gpu" not in axes:
             raise ValueError("--gpu (or --grid gpu=...) is required")
         path = str(trace or DEFAULT_TRACE)
-        callback, bar = _progress(0, as_json, unit="configurations")
+        _load_trace(trace, None, False)  # a bad trace is one error for the command, not one per configuration
+        callback, bar = _progress(0, as_json)
         if bar is not None:
             bar.update(bar.task_ids[0], total=1)
             bar.start()
@@ -657,6 +661,8 @@ app.add_typer(trace_app, name="trace")
 FORMAT_OPT = typer.Option(None, "--format", help="mooncake, azure, sharegpt, tokens or poolsim (default: detect)")
 SKIP_OPT = typer.Option(False, "--skip-bad-lines", help="skip malformed lines and report how many")
 JSON_OPT = typer.Option(False, "--json", help="machine-readable output")
+FILE_ARG = typer.Argument(..., help="trace file (any supported format)")
+OUT_ARG = typer.Argument(..., help="the trace to write, in poolsim's JSONL format")
 FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT even if it is not a poolsim-format trace")
 
 
@@ -712,7 +718,7 @@ def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
 
 
 @trace_app.command("inspect")
-def trace_inspect(file: Path, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
+def trace_inspect(file: Path = FILE_ARG, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
                   block_size: int = typer.Option(512, help="tokens per block for the block-granularity ratio"),
                   as_json: bool = JSON_OPT) -> None:
     """Requests, duration, rate, length percentiles and prefix sharing with an unbounded cache."""
@@ -754,7 +760,8 @@ def _print_stats(s) -> None:
 
 
 @trace_app.command("convert")
-def trace_convert(file: Path, out: Path, fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT,
+def trace_convert(file: Path = FILE_ARG, out: Path = OUT_ARG, fmt: Optional[str] = FORMAT_OPT,
+                  skip_bad_lines: bool = SKIP_OPT,
                   force: bool = FORCE_OPT, as_json: bool = JSON_OPT) -> None:
     """Write any trace in poolsim's own JSONL format."""
     with _one_line_errors():
@@ -763,7 +770,7 @@ def trace_convert(file: Path, out: Path, fmt: Optional[str] = FORMAT_OPT, skip_b
 
 
 @trace_app.command("slice")
-def trace_slice(file: Path, out: Path, start: float = typer.Option(0.0, help="window start (s)"),
+def trace_slice(file: Path = FILE_ARG, out: Path = OUT_ARG, start: float = typer.Option(0.0, help="window start (s)"),
                 end: float = typer.Option(math.inf, help="window end (s, exclusive)"),
                 rebase: bool = typer.Option(True, help="shift arrivals so the window starts at 0"),
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
@@ -777,7 +784,8 @@ def trace_slice(file: Path, out: Path, start: float = typer.Option(0.0, help="wi
 
 
 @trace_app.command("scale")
-def trace_scale(file: Path, out: Path, factor: Optional[float] = typer.Option(None, help="rate multiplier"),
+def trace_scale(file: Path = FILE_ARG, out: Path = OUT_ARG,
+                factor: Optional[float] = typer.Option(None, help="rate multiplier"),
                 rate: Optional[float] = typer.Option(None, help="target mean rate (req/s) instead of a factor"),
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
                 as_json: bool = JSON_OPT) -> None:
@@ -794,9 +802,9 @@ def trace_scale(file: Path, out: Path, factor: Optional[float] = typer.Option(No
 
 @trace_app.command("generate")
 def trace_generate(
-    out: Path,
+    out: Path = OUT_ARG,
     preset: str = typer.Option("chat", help="chat or agent: the defaults every other flag overrides"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="random seed: the same seed and flags give the same trace"),
     sessions: Optional[int] = typer.Option(None, help="number of sessions"),
     rate: Optional[str] = typer.Option(None, help="session starts: N per s, step:T=R,... or diurnal:MEAN,AMP "
                                                   "(optionally ,PERIOD)"),
@@ -879,21 +887,27 @@ def bench(
     dataset_name: str = typer.Option("random-ids", "--dataset-name",
                                      help="random-ids|random|sharegpt (random, sharegpt: need --dataset-path)."),
     dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
-    num_prompts: int = typer.Option(1000, "--num-prompts"),
-    random_input_len: int = typer.Option(1024, "--random-input-len"),
-    random_output_len: int = typer.Option(1024, "--random-output-len"),
-    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
+    num_prompts: int = typer.Option(1000, "--num-prompts", help="Number of prompts to process."),
+    random_input_len: int = typer.Option(1024, "--random-input-len",
+                                         help="Number of input tokens per request (random datasets)."),
+    random_output_len: int = typer.Option(1024, "--random-output-len",
+                                          help="Number of output tokens per request (random datasets)."),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio",
+                                            help="Range of sampled ratio of input/output length (random)."),
     range_style: str = typer.Option("sglang", "--random-range-style",
                                     help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]."),
-    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len"),
-    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len"),
+    sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len",
+                                                      help="Output length for each request (overrides ShareGPT's)."),
+    sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len",
+                                                       help="Requests longer than this are dropped (ShareGPT)."),
     request_rate: str = typer.Option("inf", "--request-rate",
                                      help="req/s (Poisson) or inf; a comma list runs back to back."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="vLLM's gamma shape (1: SGLang's Poisson)."),
     max_concurrency: Optional[str] = typer.Option(None, "--max-concurrency",
                                                   help="at most N in flight; a comma list runs back to back."),
-    seed: int = typer.Option(42, "--seed"),
-    warmup_requests: int = typer.Option(1, "--warmup-requests"),
+    seed: int = typer.Option(42, "--seed", help="The random seed."),
+    warmup_requests: int = typer.Option(1, "--warmup-requests",
+                                        help="Number of warmup requests to run before the benchmark."),
     flush_cache: bool = typer.Option(False, "--flush-cache", help="/flush_cache after each run's warm-up."),
     tokenizer_vocab_size: Optional[int] = typer.Option(None, "--tokenizer-vocab-size",
                                                        help="random-ids: the tokenizer's vocab_size "
@@ -1033,7 +1047,7 @@ def validate(
     fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
-    triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed"),
+    triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here."),
 ) -> None:
     """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit."""

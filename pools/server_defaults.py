@@ -19,6 +19,11 @@ from pools.server_args import ServerArgs
 RUNTIME_OVERHEAD_GIB_TP1 = 1.22
 RUNTIME_OVERHEAD_GIB_MULTI_GPU = 3.11
 
+# SGLang 0.5.23's --attention-backend choices (arg_groups/choices.py:69-101); argparse refuses anything else.
+ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3",
+                      "fa4", "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla",
+                      "tokenspeed_mla", "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter",
+                      "wave", "intel_amx", "ascend", "intel_xpu")
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
                    "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -107,6 +112,9 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
                               extra_buffer: bool) -> tuple[str, int | None]:
     """(backend, page size a model override forces or None): get_default_attn_backend
     (model_override_base.py:277) plus the DeepSeek, Qwen3-Next and Nemotron-H sm100 overrides."""
+    if args.attention_backend is not None and args.attention_backend not in ATTENTION_BACKENDS:
+        raise SizingError(f"--attention-backend {args.attention_backend!r} is not one of "
+                          f"{', '.join(ATTENTION_BACKENDS)}")
     if model.dsa is not None:
         # model_overrides/deepseek_v2.py:99-172: the dsa backend and 64-token pages (index_kpool 1)
         return args.attention_backend or "dsa", 64

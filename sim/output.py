@@ -109,6 +109,10 @@ def _check_writable(parent: Path, path) -> None:
         raise OutputError(f"{path}: {p} is not a folder")
     if not os.access(p, os.W_OK | os.X_OK):
         raise OutputError(f"{path}: cannot write in {p} (permission denied)")
+    try:  # os.access says yes to root everywhere; a read-only mount or /proc only shows when we try
+        os.rmdir(tempfile.mkdtemp(prefix=".poolsim-probe-", dir=p))
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write in {p} ({(e.strerror or str(e)).lower()})") from None
 
 
 class OutputLock:

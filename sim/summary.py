@@ -194,7 +194,7 @@ def _mean(s: pd.Series) -> float | None:
 
 
 def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
 def verdict(summary: dict) -> str:
@@ -204,14 +204,14 @@ def verdict(summary: dict) -> str:
     failures = (summary.get("verdict_failures") or "").split()
     reasons = []
     if "aborts" in failures:
-        causes = ", ".join(f"{n} {ABORT_CAUSE_WORDS[c]}" for c, n in summary["abort_causes"].items() if n)
-        reasons.append(f"{summary['aborted']} of {_n(summary['requests'], 'request')} aborted ({causes})")
+        causes = ", ".join(f"{n:,} {ABORT_CAUSE_WORDS[c]}" for c, n in summary["abort_causes"].items() if n)
+        reasons.append(f"{summary['aborted']:,} of {_n(summary['requests'], 'request')} aborted ({causes})")
     if "cannot_keep_up" in failures:
         wait = summary["queue_wait_s"]["p50"]
         reasons.append(
             f"it cannot keep up: the median request waited {_secs(wait)} for admission "
-            f"({summary['queue_wait_share_p50']:.0%} of its latency) and {summary['backlog_at_last_arrival']} of "
-            f"{summary['requests']} requests ({summary['backlog_frac_at_last_arrival']:.0%}) were unfinished at the "
+            f"({summary['queue_wait_share_p50']:.0%} of its latency) and {summary['backlog_at_last_arrival']:,} of "
+            f"{summary['requests']:,} requests ({summary['backlog_frac_at_last_arrival']:.0%}) were unfinished at the "
             f"last arrival; served {summary['throughput_req_s']:.2f} req/s against {summary['arrival_rate_req_s']:.2f} "
             f"req/s arriving")
     if "slo_missed" in failures:

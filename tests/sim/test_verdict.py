@@ -118,3 +118,16 @@ def test_llama_70b_tp8_on_the_mooncake_trace_does_not_fit():
     assert s["queue_wait_share_p50"] > 0.7 and s["backlog_frac_at_last_arrival"] > 0.6
     assert s["pools"]["kv"]["peak_used_frac"] > 0.99
     assert s["verdict"].startswith("DOES NOT FIT: it cannot keep up")
+
+
+def test_verdict_counts_have_thousands_separators():
+    from sim.summary import verdict
+
+    s = {"verdict_status": "does_not_fit", "verdict_failures": "aborts cannot_keep_up", "aborted": 1200,
+         "requests": 12031, "abort_causes": {"input_too_long": 1200}, "queue_wait_s": {"p50": 2803.9},
+         "queue_wait_share_p50": 0.98, "backlog_at_last_arrival": 7795, "backlog_frac_at_last_arrival": 0.65,
+         "throughput_req_s": 1.37, "arrival_rate_req_s": 3.4, "retractions": 0, "evicted_tokens": 0,
+         "pools": {"kv": {"capacity": 1000, "peak_used_frac": 1.0}}, "binding_pool": "kv"}
+    text = verdict(s)
+    assert "1,200 of 12,031 requests aborted" in text
+    assert "7,795 of 12,031 requests (65%) were unfinished" in text

@@ -64,3 +64,12 @@ def test_an_unknown_variant_is_refused_naming_the_field(tmp_path, field, value):
 def test_an_unknown_non_causal_lm_is_refused(tmp_path):
     r, _ = plan_exit(tmp_path, llama_cfg(architectures=["Gemma4ForConditionalGeneration"]))
     assert r.exit_code == 2 and "is not a causal LM" in r.output
+
+
+def test_an_unknown_attention_backend_is_refused_with_sglangs_choices():
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--attention-backend", "foo"])
+    assert r.exit_code == 2
+    assert r.output.startswith("error: --attention-backend 'foo' is not one of triton, torch_native, ")
+    assert "fa3" in r.output and r.output.count("\n") == 1
+    ok = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--attention-backend", "flashinfer"])
+    assert ok.exit_code == 0 and "MHA via flashinfer" in ok.output
