@@ -46,11 +46,33 @@ def test_select_layers_unit_scales_each_kind():
         select_layers(ModelConfig.load("llama-3.1-8b"), "zero")
 
 
+# Llama-3.1-8B on an H100 (sm90), tp 1, bf16, dense, CUDA graphs for decode (<= 256) and prefill: why each
+# coefficient a step replay could move is, or is not, fitted on these steps.
+LLAMA_H100_FITTED = [
+    "hbm_efficiency_sm90",  # decode steps are memory bound (weights + a KV read that varies per step)
+    "mfu_sm90",  # prefills of 200-1,500 new tokens are compute bound
+    "step_overhead_s",  # a constant on every step
+]
+LLAMA_H100_FIXED = {
+    "moe_gemm_efficiency": "no effect",  # dense model: no routed-expert GEMM
+    "graph_layer_s_sm90": "collinear",  # every step replays a graph: L x graph_layer_s is a constant per step,
+    # the same column as step_overhead_s
+    "eager_layer_s_sm90": "no effect",  # no eager step
+    "fp8_layer_s_sm90": "no effect",  # bf16 checkpoint
+    "moe_token_layer_s": "no effect",  # no MoE layer
+    "linear_prefill_token_layer_s": "no effect",  # no linear-attention layer
+    "link_efficiency": "no effect",  # tp 1, ep 1: no all-reduce, no all-to-all
+    "allreduce_latency_s": "no effect",
+    "request_cpu_s": "not part of any step's time",  # a per-request delay outside the forward passes
+}
+
+
 def test_fit_recovers_known_coefficients(tmp_path):
     """The fit alone on a numpy simulation's steps: long shared prompts and 10-80 token answers give decode
     steps whose KV read varies by half the weights, and prefills from 200 to 1,500 tokens."""
     from sim.run import simulate
-    from sim.step_time import ModelCost
+    from pools.gpu_catalog import ARCHS
+    from sim.step_time import Coefficients, ModelCost
     from tests.calibrate.util import load, server
 
     trace = _trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
@@ -58,19 +80,43 @@ def test_fit_recovers_known_coefficients(tmp_path):
     model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=80000, context_length=8192)
     ref = ReferenceRun()
     res = simulate(load(trace), model, gpu, args, replay=ref)
-    cost = ModelCost.from_model(model, gpu, res.plan)
-    truth = cal.synthetic_truth()
+    cost = ModelCost.from_model(model, gpu, res.plan, args)
+    assert cost.arch == "sm90" and cost.prefill_cuda_graph and cost.cuda_graph_max_bs == 256
+    assert cal.resolvable(cost, ref.shapes, Coefficients())[0] == LLAMA_H100_FITTED
+    truth = cal.synthetic_truth(LLAMA_H100_FITTED)
+    # known factors (0.8, 1.25, 1.6 in turn), the rest at the defaults
+    for name, factor in zip(LLAMA_H100_FITTED, (0.8, 1.25, 1.6)):
+        assert getattr(truth, name) == pytest.approx(getattr(Coefficients(), name) * factor, rel=1e-12)
+    assert all(getattr(truth, n) == getattr(Coefficients(), n) for n in Coefficients.names()
+               if n not in LLAMA_H100_FITTED)
     timer = cal.SyntheticTimer(cost, truth, noise=0.01, seed=0)
     measured = np.array([timer(s) for s in ref.shapes])
     held = cal.heldout_mask(len(measured))
     fit = cal.fit(cost, ref.shapes, measured, train=~held)
-    assert fit.fitted == ["mfu", "bw_efficiency", "overhead_s"]
-    assert fit.fixed == ["link_bandwidth", "allreduce_latency_s"]  # tp 1: no all-reduce to learn them from
+    assert fit.fitted == LLAMA_H100_FITTED
+    assert list(fit.fixed) == [n for n in Coefficients.names() if n not in LLAMA_H100_FITTED]
+    for name, why in LLAMA_H100_FIXED.items():
+        assert why in fit.fixed[name], (name, fit.fixed[name])
+    others = [n for n in Coefficients.names() if n.rsplit("_", 1)[-1] in ARCHS and not n.endswith("_sm90")]
+    assert len(others) == 20 and all("this device's steps run on sm90" in fit.fixed[n] for n in others)
+    assert all(getattr(fit.coefficients, n) == getattr(Coefficients(), n) for n in fit.fixed)
     for name in fit.fitted:
         assert abs(getattr(fit.coefficients, name) / getattr(truth, name) - 1) < 0.05, name
     pred = cal.predict(cost, fit.coefficients, ref.shapes)
     report = cal.fit_report([s.kind for s in ref.shapes], pred, measured, held)
     assert report["mape_heldout"] <= 0.04 and report["n_heldout"] == held.sum() > 0
+
+
+def test_identifiable_drops_nil_and_collinear_columns():
+    """Hand-made sensitivities: b is nil (1e-4 < SENSITIVITY_MIN on every step), c = a + 2 d."""
+    a = np.array([1.0, 0.0, 1.0, 0.0])
+    d = np.array([0.0, 0.5, 0.0, 0.6])
+    J = np.stack([a, np.full(4, 1e-4), a + 2 * d, d], axis=1)
+    fitted, fixed = cal.identifiable(J, ["a", "b", "c", "d"])
+    # pivoted: c (norm 2.1) first; then what is left of a is -2x what is left of d, so a is taken; d = (c - a) / 2
+    # has nothing of its own left: collinear
+    assert fitted == ["a", "c"]
+    assert set(fixed) == {"b", "d"} and "no effect" in fixed["b"] and "collinear" in fixed["d"]
 
 
 def test_heldout_blocks_are_contiguous():
