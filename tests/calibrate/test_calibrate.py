@@ -138,9 +138,33 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     for key in ("device", "date", "commit", "model", "server_args", "coefficients", "wall_s"):
         assert rec[key] is not None, key
     assert rec["device"]["torch"] == torch.__version__
-    # a memory-bound MoE model: no step is compute bound, so MFU is not identifiable and stays put
-    assert rec["fit"]["fitted"] == ["bw_efficiency", "overhead_s"]
-    assert all(abs(err) < 0.05 for err in rec["fit"]["recovery"].values())
+    # Kimi-Linear on an H200 (sm90), tp 1, bf16: decode steps replay graphs, prefills run eager (KDA turns prefill
+    # graphs off); why each coefficient a step replay could move is, or is not, fitted on these ~40 training steps
+    fit = rec["fit"]
+    assert fit["arch"] == "sm90" and fit["fitted"] == [
+        "hbm_efficiency_sm90",  # decode steps are memory bound
+        "mfu_sm90",  # prefills of 30-900 tokens are compute bound
+        "eager_layer_s_sm90",  # a constant on prefill steps only
+        "step_overhead_s",  # a constant on every step
+        "linear_prefill_token_layer_s",  # the KDA scan per prefill token
+    ]
+    fixed = {n: why for n, why in fit["fixed"].items() if not n.endswith(("_sm80", "_sm89", "_sm100", "_gfx942"))}
+    assert {n: why.split(" ")[0] for n, why in fixed.items()} == {
+        "moe_gemm_efficiency": "collinear",  # the expert share of a prefill's flops is the same on every prefill
+        # (attention pairs are a negligible part at these lengths): moves predictions only as mfu_sm90 does
+        "graph_layer_s_sm90": "collinear",  # a constant on decode steps = step_overhead_s less the eager constant
+        "fp8_layer_s_sm90": "no",  # bf16 checkpoint: no effect
+        "moe_token_layer_s": "no",  # 1e-10 s per token and layer: < 0.01 % of any step
+        "link_efficiency": "no", "allreduce_latency_s": "no",  # tp 1, ep 1
+        "request_cpu_s": "a",  # a per-request delay, not step time
+    }
+    assert len(fit["fixed"]) - len(fixed) == 20  # the other architectures' coefficients
+    truth = rec["synthetic_timer"]["coefficients"]
+    assert truth["eager_layer_s_sm90"] == pytest.approx(150e-6 * 1.6)  # third resolvable: factor 1.6
+    assert truth["linear_prefill_token_layer_s"] == pytest.approx(1e-6 / 1.4)  # x1.4 leaves the bounds: / 1.4
+    assert truth["graph_layer_s_sm90"] == 20e-6  # not resolvable here: not moved
+    assert sorted(fit["recovery"]) == sorted(fit["fitted"])
+    assert all(abs(err) < 0.05 for err in fit["recovery"].values())
     assert rec["fit"]["mape_heldout"] <= 0.04 < rec["fit"]["before"]["mape_heldout"]
     steps = (out / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("step,kind,batch_size") and len(steps) == rec["replay"]["measured"] + 1
@@ -155,9 +179,14 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert res.exit_code == 0, res.output
     assert "step time calibrated from" in res.output and "CPU test fixture" in res.output
     run2 = json.loads((tmp_path / "run2" / "run.json").read_text())
-    assert f"calibration {out / 'calibration.json'}" in run2["step_time_model"]
-    bw = rec["coefficients"]["bw_efficiency"]
-    assert f"HBM efficiency {bw:g}" in run2["step_time_model"]
+    # the time-model line names the file, the device and the date, and uses the fitted coefficients
+    assert (f"calibration {out / 'calibration.json'} (cpu, {rec['date']}); held-out step MAPE "
+            f"{fit['mape_heldout']:.1%}") in run2["step_time_model"]
+    assert f"time model: {run2['step_time_model']}" in res.output
+    k = rec["coefficients"]
+    assert (f"sm90 MFU {k['mfu_sm90']:g}, HBM efficiency {k['hbm_efficiency_sm90']:g}, "
+            f"{k['graph_layer_s_sm90'] * 1e6:g}/{k['eager_layer_s_sm90'] * 1e6:g} us per layer (graph/eager), "
+            f"{k['step_overhead_s'] * 1e3:g} ms per step") in run2["step_time_model"]
     # validate: predicted (the file's coefficients) vs measured, without refitting
     res = runner.invoke(app, ["validate", str(chat_trace), *args, "--calibration", str(out / "calibration.json"),
                               "--device", "cpu", "--tiny", "--max-steps", "6", "--triton-steps", "0"])
