@@ -6,7 +6,7 @@ Phases (``calibration.json`` is rewritten after each, so a run cut short leaves 
   reference  the numpy simulation, one pool digest per step (kernels.replay.ReferenceRun)
   replay     the same simulation with the pools on the device, each step checked against the reference and the
              stand-in forward measured (kernels.replay.DeviceReplay); its step table must equal the reference's
-  fit        the step-time model's fittable coefficients by bounded least squares on log error (``fit``),
+  fit        the coefficients the steps resolve, by bounded least squares on log error (``fit``),
              MAPE on train steps and on held-out contiguous blocks
 The fit treats ``AnalyticStepTime(cost, coefficients)(shape)`` as a black box over the coefficients a device can
 inform (``candidates``): those of its GPU architecture (the catalog GPU's ``arch``) and the architecture-independent
@@ -37,7 +37,7 @@ from sim import step_time
 FORMAT = "poolsim-calibration/1"
 HELDOUT_BLOCKS = (2, 6)  # of 8 contiguous blocks of the measured steps
 NUM_BLOCKS = 8
-MIN_STEPS_PER_COEFFICIENT = 4  # fewer training steps than this per fittable coefficient: no fit
+MIN_STEPS_PER_COEFFICIENT = 4  # fewer training steps than this per coefficient the steps resolve: no fit
 SENSITIVITY_MIN = 1e-3  # a coefficient whose d log t / d log c stays below this on every step is not identifiable
 # A coefficient whose sensitivity column keeps less than this share of its norm once the columns of the more
 # informative coefficients are projected out moves the predictions only as a mix of theirs: collinear, not fitted.
@@ -74,10 +74,6 @@ def candidates(arch: str) -> tuple[list[str], dict[str, str]]:
         else:
             names.append(n)
     return names, fixed
-
-
-def fittable(arch: str) -> list[str]:
-    return candidates(arch)[0]
 
 
 # ------------------------------------------------------------------------------------------------- fit
@@ -430,8 +426,11 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
     elif refit:
         result = fit(cost, replay.shapes, meas, start=start, train=~held)
         coeffs = result.coefficients
+        bounds = fit_bounds()
         fit_info = {"arch": cost.arch, "fitted": result.fitted, "fixed": result.fixed, "iterations": result.iterations,
-                    "start": dataclasses.asdict(start)}
+                    "start": dataclasses.asdict(start),
+                    # the data pushes these to a FIT_BOUNDS edge: the model does not fit these steps there
+                    "at_bound": [n for n in result.fitted if getattr(coeffs, n) in bounds[n]]}
     else:
         coeffs, fit_info = start, {"arch": cost.arch, "fitted": [],
                                    "note": "validation: coefficients from the file, not refitted"}
@@ -485,6 +484,8 @@ def report_text(record: dict) -> str:
               f"fitted ({f.get('arch', '-')}): {', '.join(f['fitted']) or '-'}", ""]
     here = {n: why for n, why in f.get("fixed", {}).items() if arch_of(n) in (None, f.get("arch"))}
     lines += [f"- {n} fixed: {why}" for n, why in here.items()]
+    if f.get("at_bound"):
+        lines.append(f"- at a FIT_BOUNDS edge (the model does not fit these steps there): {', '.join(f['at_bound'])}")
     others = len(f.get("fixed", {})) - len(here)
     if others:
         lines.append(f"- {others} coefficients of other GPU architectures fixed (this device cannot inform them)")

@@ -163,7 +163,7 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert truth["eager_layer_s_sm90"] == pytest.approx(150e-6 * 1.6)  # third resolvable: factor 1.6
     assert truth["linear_prefill_token_layer_s"] == pytest.approx(1e-6 / 1.4)  # x1.4 leaves the bounds: / 1.4
     assert truth["graph_layer_s_sm90"] == 20e-6  # not resolvable here: not moved
-    assert sorted(fit["recovery"]) == sorted(fit["fitted"])
+    assert sorted(fit["recovery"]) == sorted(fit["fitted"]) and fit["at_bound"] == []
     assert all(abs(err) < 0.05 for err in fit["recovery"].values())
     assert rec["fit"]["mape_heldout"] <= 0.04 < rec["fit"]["before"]["mape_heldout"]
     steps = (out / "steps.csv").read_text().splitlines()
