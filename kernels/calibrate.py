@@ -441,7 +441,9 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
     fit_info["before"] = fit_report(steps["kind"], steps["predicted_s"], meas, held)
     if truth is not None:
         fit_info["recovery"] = {n: getattr(coeffs, n) / getattr(truth, n) - 1 for n in fit_info["fitted"]}
-    record["coefficients"] = dataclasses.asdict(coeffs)
+    # only what this device speaks for (its architecture's and the architecture-independent step terms): a run on
+    # another architecture, and request_cpu_s everywhere, keep the shipped defaults
+    record["coefficients"] = {n: getattr(coeffs, n) for n in candidates(cost.arch)[0]}
     record["fit"] = fit_info
     if fit_info["mape_heldout"] is not None:  # what `run --calibration` quotes as this file's error
         record["measured_error"] = (f"held-out step MAPE {fit_info['mape_heldout']:.1%} over "

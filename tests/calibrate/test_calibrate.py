@@ -159,6 +159,11 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
         "request_cpu_s": "a",  # a per-request delay, not step time
     }
     assert len(fit["fixed"]) - len(fixed) == 20  # the other architectures' coefficients
+    # the file speaks only for sm90 and the architecture-independent step terms (request_cpu_s: not measured)
+    assert list(rec["coefficients"]) == ["hbm_efficiency_sm90", "mfu_sm90", "moe_gemm_efficiency",
+                                         "graph_layer_s_sm90", "eager_layer_s_sm90", "fp8_layer_s_sm90",
+                                         "step_overhead_s", "moe_token_layer_s", "linear_prefill_token_layer_s",
+                                         "link_efficiency", "allreduce_latency_s"]
     truth = rec["synthetic_timer"]["coefficients"]
     assert truth["eager_layer_s_sm90"] == pytest.approx(150e-6 * 1.6)  # third resolvable: factor 1.6
     assert truth["linear_prefill_token_layer_s"] == pytest.approx(1e-6 / 1.4)  # x1.4 leaves the bounds: / 1.4
