@@ -155,6 +155,9 @@ def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60, roun
             break
         unresolved.update({n: f"{why} (at the fitted values)" for n, why in lost.items()})
         active = still
+    else:  # the last round still lost some: fit what is left once more
+        result, n_it = _levenberg_marquardt(cost, sub, logm, start, active, max_iter)
+        it += n_it
     fixed.update(unresolved)
     result = dataclasses.replace(result, **{n: getattr(start, n) for n in unresolved})
     return FitResult(result, active, {n: fixed[n] for n in step_time.Coefficients.names() if n in fixed}, it)
