@@ -980,7 +980,7 @@ TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured st
 def calibrate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
@@ -1004,7 +1004,7 @@ def validate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
     calibration: Path = typer.Option(..., "--calibration", help="calibration.json from `poolsim calibrate`."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="mooncake|azure|sharegpt|tokens|poolsim (default: detect)."),
+    fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed"),
