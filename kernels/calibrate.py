@@ -6,12 +6,17 @@ Phases (``calibration.json`` is rewritten after each, so a run cut short leaves 
   reference  the numpy simulation, one pool digest per step (kernels.replay.ReferenceRun)
   replay     the same simulation with the pools on the device, each step checked against the reference and the
              stand-in forward measured (kernels.replay.DeviceReplay); its step table must equal the reference's
-  fit        the step-time model's fittable coefficients by bounded least squares on log error (``fit``),
+  fit        the coefficients the steps resolve, by bounded least squares on log error (``fit``),
              MAPE on train steps and on held-out contiguous blocks
-The fit treats ``AnalyticStepTime(cost, coefficients)(shape)`` as a black box over
-``dataclasses.fields(Coefficients)`` that have a range in ``sim.step_time.FIT_BOUNDS``.
-On a CPU (``--device cpu --tiny``) the measurement is a synthetic timer with known coefficients and noise: the
-result is a test fixture (``fixture_only: true``), never a GPU calibration.
+The fit treats ``AnalyticStepTime(cost, coefficients)(shape)`` as a black box over the coefficients a device can
+inform (``candidates``): those of its GPU architecture (the catalog GPU's ``arch``) and the architecture-independent
+ones that enter a step's time, each with a range in ``sim.step_time.FIT_BOUNDS``. Other architectures' coefficients
+and ``request_cpu_s`` (not step time) stay as they are. Of the candidates, the data decides which it resolves
+(``identifiable``: no effect on any step, or collinear with the others on these steps, stays fixed); the file lists
+every fixed coefficient with why.
+On a CPU (``--device cpu --tiny``) the measurement is a synthetic timer whose known coefficients are the resolvable
+ones moved by known factors, plus noise: the result is a test fixture (``fixture_only: true``), never a GPU
+calibration.
 """
 
 from __future__ import annotations
@@ -26,31 +31,49 @@ from pathlib import Path
 
 import numpy as np
 
+from pools.gpu_catalog import ARCHS
 from sim import step_time
 
 FORMAT = "poolsim-calibration/1"
-# Plausible range of each fittable coefficient; sim.step_time.FIT_BOUNDS replaces this where it exists.
-FALLBACK_FIT_BOUNDS = {
-    "mfu": (0.02, 1.0),
-    "bw_efficiency": (0.05, 1.0),
-    "overhead_s": (1e-5, 0.05),
-    "link_bandwidth": (1e9, 2e12),
-    "allreduce_latency_s": (1e-7, 1e-3),
-}
 HELDOUT_BLOCKS = (2, 6)  # of 8 contiguous blocks of the measured steps
 NUM_BLOCKS = 8
-MIN_STEPS_PER_COEFFICIENT = 4  # fewer training steps than this per fittable coefficient: no fit
+MIN_STEPS_PER_COEFFICIENT = 4  # fewer training steps than this per coefficient the steps resolve: no fit
 SENSITIVITY_MIN = 1e-3  # a coefficient whose d log t / d log c stays below this on every step is not identifiable
+# A coefficient whose sensitivity column keeps less than this share of its norm once the columns of the more
+# informative coefficients are projected out moves the predictions only as a mix of theirs: collinear, not fitted.
+COLLINEAR_MIN = 0.05
 OUTPUT_FILES = ("calibration.json", "steps.csv", "replay_steps.csv", "report.md", "calibration.png")
+# Coefficients a step replay cannot inform, whatever the device.
+NOT_STEP_TIME = {
+    "request_cpu_s": "a per-request delay in the engine (HTTP, tokenizer, admission, detokenizer) before the "
+                     "scheduler sees a request, not part of any step's time: a step replay cannot measure it",
+}
 
 
 def fit_bounds() -> dict[str, tuple[float, float]]:
-    return dict(getattr(step_time, "FIT_BOUNDS", FALLBACK_FIT_BOUNDS))
+    return dict(step_time.FIT_BOUNDS)
 
 
-def fittable() -> list[str]:
-    bounds = fit_bounds()
-    return [f.name for f in dataclasses.fields(step_time.Coefficients) if f.name in bounds]
+def arch_of(name: str) -> str | None:
+    """The GPU architecture a coefficient belongs to (its name's suffix), None for an architecture-independent one."""
+    suffix = name.rsplit("_", 1)[-1]
+    return suffix if suffix in ARCHS else None
+
+
+def candidates(arch: str) -> tuple[list[str], dict[str, str]]:
+    """The coefficients a device of ``arch`` can inform (its architecture's and the architecture-independent ones
+    that enter a step's time, in ``Coefficients`` order), and every other one with why it stays fixed."""
+    bounds, names, fixed = fit_bounds(), [], {}
+    for n in step_time.Coefficients.names():
+        if n in NOT_STEP_TIME:
+            fixed[n] = NOT_STEP_TIME[n]
+        elif n not in bounds:
+            fixed[n] = "no fit range in sim.step_time.FIT_BOUNDS"
+        elif arch_of(n) not in (None, arch):
+            fixed[n] = f"a {arch_of(n)} coefficient; this device's steps run on {arch}"
+        else:
+            names.append(n)
+    return names, fixed
 
 
 # ------------------------------------------------------------------------------------------------- fit
@@ -63,45 +86,116 @@ def predict(cost, coefficients, shapes) -> np.ndarray:
 class FitResult:
     coefficients: object  # step_time.Coefficients
     fitted: list[str]  # identifiable: moved by the data
-    fixed: list[str]  # not identifiable from these steps (kept at their starting value)
+    fixed: dict[str, str]  # every other coefficient (kept at its starting value) and why
     iterations: int
 
 
-def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60) -> FitResult:
-    """Bounded Levenberg-Marquardt on ``log(predicted) - log(measured)`` over the log of each fittable
-    coefficient (bounds: clipping in log space), forward-difference Jacobian of the black-box model."""
+def identifiable(J: np.ndarray, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Which columns of the sensitivity matrix ``J`` (steps x coefficients, d log t / d log c) the data can
+    resolve: a column that is nil on every step is not; the others are taken most informative first (largest
+    norm left after projecting out those already taken, pivoted Gram-Schmidt), and a column left with less than
+    COLLINEAR_MIN of its norm is collinear with the ones taken."""
+    peak = np.abs(J).max(axis=0) if len(J) else np.zeros(len(names))
+    norms = np.linalg.norm(J, axis=0)
+    fixed = {names[j]: f"no effect on these steps (|d log t / d log c| <= {peak[j]:.1g})"
+             for j in range(len(names)) if peak[j] < SENSITIVITY_MIN}
+    left = [j for j in range(len(names)) if peak[j] >= SENSITIVITY_MIN]
+    basis: list[np.ndarray] = []
+    taken: list[int] = []
+    while left:
+        resid = {j: J[:, j] - sum((q @ J[:, j]) * q for q in basis) for j in left}
+        for j in [j for j in left if np.linalg.norm(resid[j]) < COLLINEAR_MIN * norms[j]]:
+            cos = [abs(J[:, j] @ J[:, t]) / (norms[j] * norms[t]) for t in taken]
+            partner = names[taken[int(np.argmax(cos))]]
+            fixed[names[j]] = (f"collinear on these steps with {partner} (and the others fitted): "
+                               f"{np.linalg.norm(resid[j]) / norms[j]:.1%} of its effect is its own")
+            left.remove(j)
+        if not left:
+            break
+        j = max(left, key=lambda j: np.linalg.norm(resid[j]))
+        basis.append(resid[j] / np.linalg.norm(resid[j]))
+        taken.append(j)
+        left.remove(j)
+    return [n for j, n in enumerate(names) if j in taken], fixed
+
+
+def sensitivity(cost, shapes, k, names) -> np.ndarray:
+    """d log t / d log c on each step (rows) for each named coefficient (columns), at coefficients ``k``."""
+    x = np.log([getattr(k, n) for n in names])
+    base = np.log(predict(cost, k, shapes))
+    return _jacobian(lambda x: _residual(cost, shapes, base, k, names, x), x)
+
+
+def resolvable(cost, shapes, start) -> tuple[list[str], dict[str, str]]:
+    """The coefficients these steps can inform at ``start`` (the device's candidates the data resolves), and
+    every other coefficient with why it stays fixed. Needs only the step shapes, not the measurements."""
+    names, fixed = candidates(cost.arch)
+    active, unresolved = identifiable(sensitivity(cost, shapes, start, names), names)
+    return active, {**fixed, **unresolved}
+
+
+def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60, rounds: int = 3) -> FitResult:
+    """Bounded Levenberg-Marquardt on ``log(predicted) - log(measured)`` over the log of the identifiable
+    coefficients of the device's architecture (bounds: clipping in log space), forward-difference Jacobian of
+    the black-box model. Identifiability is decided on the training steps at the starting point and checked again
+    at the solution; a coefficient that loses it there goes back to its start and the rest is refitted."""
     start = start or step_time.Coefficients()
-    bounds = fit_bounds()
-    names = fittable()
     measured = np.asarray(measured, dtype=float)
     idx = np.arange(len(shapes)) if train is None else np.flatnonzero(train)
     sub = [shapes[i] for i in idx]
     logm = np.log(measured[idx])
+    active, fixed = resolvable(cost, sub, start)
+    unresolved: dict[str, str] = {}
+    result, it = start, 0
+    for _ in range(rounds):
+        result, n_it = _levenberg_marquardt(cost, sub, logm, start, active, max_iter)
+        it += n_it
+        still, lost = identifiable(sensitivity(cost, sub, result, active), active) if active else ([], {})
+        if not lost:
+            break
+        unresolved.update({n: f"{why} (at the fitted values)" for n, why in lost.items()})
+        active = still
+    else:  # the last round still lost some: fit what is left once more
+        result, n_it = _levenberg_marquardt(cost, sub, logm, start, active, max_iter)
+        it += n_it
+    fixed.update(unresolved)
+    result = dataclasses.replace(result, **{n: getattr(start, n) for n in unresolved})
+    return FitResult(result, active, {n: fixed[n] for n in step_time.Coefficients.names() if n in fixed}, it)
+
+
+def _residual(cost, shapes, logm, start, names, x):
+    k = dataclasses.replace(start, **{n: float(np.exp(v)) for n, v in zip(names, x)})
+    return np.log(predict(cost, k, shapes)) - logm
+
+
+def _jacobian(residual, x, h=1e-6):
+    r = residual(x)
+    cols = []
+    for j in range(len(x)):
+        xh = x.copy()
+        xh[j] += h
+        cols.append((residual(xh) - r) / h)
+    return np.stack(cols, axis=1) if cols else np.zeros((len(r), 0))
+
+
+def _levenberg_marquardt(cost, shapes, logm, start, names, max_iter):
+    bounds = fit_bounds()
+    if not names:
+        return start, 0
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
 
-    def coeffs(x):
-        return dataclasses.replace(start, **{n: float(np.exp(v)) for n, v in zip(names, x)})
-
     def residual(x):
-        return np.log(predict(cost, coeffs(x), sub)) - logm
-
-    def jacobian(x, r, h=1e-6):
-        cols = []
-        for j in range(len(x)):
-            xh = x.copy()
-            xh[j] += h
-            cols.append((residual(xh) - r) / h)
-        return np.stack(cols, axis=1)
+        return _residual(cost, shapes, logm, start, names, x)
 
     x = np.clip(np.log([getattr(start, n) for n in names]), lo, hi)
     r = residual(x)
     cost_now = float(r @ r)
     lam, it = 1e-3, 0
     for it in range(1, max_iter + 1):
-        J = jacobian(x, r)
+        J = _jacobian(residual, x)
         A, g = J.T @ J, J.T @ r
-        improved = False
+        improved = done = False
         while lam < 1e12:
             step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
             xn = np.clip(x + step, lo, hi)
@@ -115,12 +209,7 @@ def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60) -> F
             lam *= 4
         if not improved or done:
             break
-    J = jacobian(x, r)
-    sens = np.abs(J).max(axis=0) if len(J) else np.zeros(len(names))
-    fitted = [n for n, s in zip(names, sens) if s > SENSITIVITY_MIN]
-    fixed = [n for n in names if n not in fitted]
-    result = dataclasses.replace(coeffs(x), **{n: getattr(start, n) for n in fixed})
-    return FitResult(result, fitted, fixed, it)
+    return dataclasses.replace(start, **{n: float(np.exp(v)) for n, v in zip(names, x)}), it
 
 
 def heldout_mask(n: int) -> np.ndarray:
@@ -152,14 +241,17 @@ def fit_report(kinds, pred, meas, held) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- synthetic timer
-def synthetic_truth():
-    """Known coefficients for the CPU path: each fittable default moved by a fixed factor, kept in bounds."""
+def synthetic_truth(names: list[str]):
+    """Known coefficients for the CPU path: each named coefficient (those the steps can inform, ``resolvable``)
+    moved from its default by a fixed factor, kept in bounds. The others stay at their defaults, which is where
+    the fit keeps them: moving one the steps cannot resolve would only shift its collinear partners."""
     base, bounds = step_time.Coefficients(), fit_bounds()
     factors = (0.8, 1.25, 1.6, 0.7, 1.4)
     moved = {}
-    for n, f in zip(fittable(), factors * 4):
+    for i, n in enumerate(names):
         lo, hi = bounds[n]
-        moved[n] = float(min(max(getattr(base, n) * f, lo), hi))
+        value, f = getattr(base, n), factors[i % len(factors)]
+        moved[n] = value * f if lo <= value * f <= hi else value / f  # the other way where f leaves the bounds
     return dataclasses.replace(base, **moved)
 
 
@@ -249,17 +341,15 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
     t0 = time.perf_counter()
     outdir = OutputDir(out) if out is not None else None
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
-    cost = step_time.ModelCost.from_model(model, gpu, plan)
+    cost = step_time.ModelCost.from_model(model, gpu, plan, args)  # as `run` prices steps (graphs, EP)
     start = step_time.Coefficients.from_calibration(calibration) if calibration else step_time.Coefficients()
+    synthetic = opts.device == "cpu" or opts.tiny  # the timer is made once the reference run gave the steps
     truth = None
-    if opts.device == "cpu" or opts.tiny:
-        truth = synthetic_truth()
-        opts.synthetic = SyntheticTimer(cost, truth, noise, seed=opts.seed)
     info = device_info(opts.device)
     record = {
         "format": FORMAT, "phase": "plan", "device": info,
-        "fixture_only": truth is not None,  # a CPU / synthetic calibration is a test fixture, never a GPU one
-        "synthetic_timer": None if truth is None else {"coefficients": dataclasses.asdict(truth), "noise": noise},
+        "fixture_only": synthetic,  # a CPU / synthetic calibration is a test fixture, never a GPU one
+        "synthetic_timer": None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "model": model.name, "gpu": gpu.name, "server_args": dataclasses.asdict(args),
         "trace": trace_info or {}, "tiny": opts.tiny,
@@ -290,6 +380,10 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
                   runtime_overhead_gib=runtime_overhead_gib)
     ref = ReferenceRun()
     reference = simulate(trace, model, gpu, args, replay=ref, **sim_kw)
+    if synthetic:  # known coefficients: those these steps can inform, moved by known factors
+        truth = synthetic_truth(resolvable(cost, ref.shapes, start)[0])
+        opts.synthetic = SyntheticTimer(cost, truth, noise, seed=opts.seed)
+        record["synthetic_timer"] = {"coefficients": dataclasses.asdict(truth), "noise": noise}
     save("reference")
     log(f"reference: {len(ref.digests):,} steps simulated on numpy pools")
 
@@ -325,18 +419,24 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
 
     meas = steps["measured_s"].to_numpy()
     held = heldout_mask(len(meas))
-    too_few = int((~held).sum()) < MIN_STEPS_PER_COEFFICIENT * len(fittable())
-    if refit and too_few:
-        coeffs, fit_info = start, {"fitted": [], "note": f"{int((~held).sum())} training steps: too few to fit "
-                                   f"{len(fittable())} coefficients (need {MIN_STEPS_PER_COEFFICIENT} per coefficient)"}
+    train_shapes = [s for s, h in zip(replay.shapes, held) if not h]
+    names = resolvable(cost, train_shapes, start)[0] if refit else []  # what the fit would move
+    if refit and len(train_shapes) < MIN_STEPS_PER_COEFFICIENT * len(names):
+        coeffs, fit_info = start, {"arch": cost.arch, "fitted": [], "note": (
+            f"{len(train_shapes)} training steps: too few to fit the {len(names)} coefficients they resolve "
+            f"(need {MIN_STEPS_PER_COEFFICIENT} per coefficient)")}
         log(f"fit skipped: {fit_info['note']}")
     elif refit:
         result = fit(cost, replay.shapes, meas, start=start, train=~held)
         coeffs = result.coefficients
-        fit_info = {"fitted": result.fitted, "fixed_not_identifiable": result.fixed, "iterations": result.iterations,
-                    "start": dataclasses.asdict(start)}
+        bounds = fit_bounds()
+        fit_info = {"arch": cost.arch, "fitted": result.fitted, "fixed": result.fixed, "iterations": result.iterations,
+                    "start": dataclasses.asdict(start),
+                    # the data pushes these to a FIT_BOUNDS edge: the model does not fit these steps there
+                    "at_bound": [n for n in result.fitted if getattr(coeffs, n) in bounds[n]]}
     else:
-        coeffs, fit_info = start, {"fitted": [], "note": "validation: coefficients from the file, not refitted"}
+        coeffs, fit_info = start, {"arch": cost.arch, "fitted": [],
+                                   "note": "validation: coefficients from the file, not refitted"}
     pred = predict(cost, coeffs, replay.shapes)
     steps["fitted_s"] = pred
     steps["error"] = pred / meas - 1
@@ -344,8 +444,14 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
     fit_info["before"] = fit_report(steps["kind"], steps["predicted_s"], meas, held)
     if truth is not None:
         fit_info["recovery"] = {n: getattr(coeffs, n) / getattr(truth, n) - 1 for n in fit_info["fitted"]}
-    record["coefficients"] = dataclasses.asdict(coeffs)
+    # only what this device speaks for (its architecture's and the architecture-independent step terms): a run on
+    # another architecture, and request_cpu_s everywhere, keep the shipped defaults
+    record["coefficients"] = {n: getattr(coeffs, n) for n in candidates(cost.arch)[0]}
     record["fit"] = fit_info
+    if fit_info["mape_heldout"] is not None:  # what `run --calibration` quotes as this file's error
+        record["measured_error"] = (f"held-out step MAPE {fit_info['mape_heldout']:.1%} over "
+                                    f"{fit_info['n_heldout']} replayed steps"
+                                    + (" of a synthetic timer (CPU test fixture)" if synthetic else ""))
     if outdir is not None:
         outdir.write("steps.csv", lambda p: steps.to_csv(p, index=False))
         outdir.write_text("report.md", report_text(record))
@@ -377,10 +483,18 @@ def report_text(record: dict) -> str:
         lines.append(f"| {k} (n={s['n']}) MAPE | {pct(f['before']['by_kind'][k]['mape'])} | {pct(s['mape'])} |")
     e2e = f["end_to_end"]
     lines += ["", f"end to end: predicted {e2e['predicted_s']:.4g} s, measured {e2e['measured_s']:.4g} s "
-              f"({pct(e2e['error'])})", "", "coefficients: " + ", ".join(
-                  f"{k} {v:.4g}" for k, v in record["coefficients"].items()),
-              f"fitted: {', '.join(f['fitted']) or '-'}; not identifiable here: "
-              f"{', '.join(f.get('fixed_not_identifiable', [])) or '-'}", "", "![predicted vs measured](calibration.png)", ""]
+              f"({pct(e2e['error'])})", "", f"coefficients ({f.get('arch', '-')} and architecture-independent): "
+              + ", ".join(f"{k} {v:.4g}" for k, v in record["coefficients"].items()
+                          if arch_of(k) in (None, f.get("arch"))),
+              f"fitted ({f.get('arch', '-')}): {', '.join(f['fitted']) or '-'}", ""]
+    here = {n: why for n, why in f.get("fixed", {}).items() if arch_of(n) in (None, f.get("arch"))}
+    lines += [f"- {n} fixed: {why}" for n, why in here.items()]
+    if f.get("at_bound"):
+        lines.append(f"- at a FIT_BOUNDS edge (the model does not fit these steps there): {', '.join(f['at_bound'])}")
+    others = len(f.get("fixed", {})) - len(here)
+    if others:
+        lines.append(f"- {others} coefficients of other GPU architectures fixed (this device cannot inform them)")
+    lines += ["", "![predicted vs measured](calibration.png)", ""]
     return "\n".join(lines)
 
 

@@ -158,7 +158,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i, device=device, checks=check) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
-    step_fn = clock if replay is None else replay.step_time(clock, servers)
+    step_fn = clock if replay is None else _replay_step(replay.step_time(clock, servers), clock)
     sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
@@ -179,6 +179,15 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
     return RunResult(steps, requests, summary, run, plan, sim.token_times)
+
+
+def _replay_step(hook, clock):
+    """The replay's hook times the steps; the clock still says how long a request spends outside them, so the
+    replayed schedule is the plain run's."""
+    def step(batch):
+        return hook(batch)
+    step.request_cpu_s = getattr(clock, "request_cpu_s", 0.0)
+    return step
 
 
 def _step_time(spec: str, model, gpu, plan, calibration, args=None):

@@ -235,7 +235,11 @@ def calibration_source(path: str | Path) -> str:
         return f"calibration {path}"
     if not isinstance(data, dict):
         return f"calibration {path}"
-    what = ", ".join(str(data[k]) for k in ("device", "date") if data.get(k))
+    device = data.get("device")
+    if isinstance(device, dict):  # `poolsim calibrate` records the device's details: name it by model and torch id
+        device = " ".join(str(device[k]) for k in ("name", "device") if device.get(k) and device[k] != "cpu") \
+            or device.get("device")
+    what = ", ".join(str(v) for v in (device, data.get("date")) if v)
     error = data.get("measured_error")  # what the calibration run measured, if it says
     return (f"calibration {path}" + (f" ({what})" if what else "")
             + (f"; {error}" if error else "; its error against published runs: not measured"))

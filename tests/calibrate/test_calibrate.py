@@ -46,11 +46,33 @@ def test_select_layers_unit_scales_each_kind():
         select_layers(ModelConfig.load("llama-3.1-8b"), "zero")
 
 
+# Llama-3.1-8B on an H100 (sm90), tp 1, bf16, dense, CUDA graphs for decode (<= 256) and prefill: why each
+# coefficient a step replay could move is, or is not, fitted on these steps.
+LLAMA_H100_FITTED = [
+    "hbm_efficiency_sm90",  # decode steps are memory bound (weights + a KV read that varies per step)
+    "mfu_sm90",  # prefills of 200-1,500 new tokens are compute bound
+    "step_overhead_s",  # a constant on every step
+]
+LLAMA_H100_FIXED = {
+    "moe_gemm_efficiency": "no effect",  # dense model: no routed-expert GEMM
+    "graph_layer_s_sm90": "collinear",  # every step replays a graph: L x graph_layer_s is a constant per step,
+    # the same column as step_overhead_s
+    "eager_layer_s_sm90": "no effect",  # no eager step
+    "fp8_layer_s_sm90": "no effect",  # bf16 checkpoint
+    "moe_token_layer_s": "no effect",  # no MoE layer
+    "linear_prefill_token_layer_s": "no effect",  # no linear-attention layer
+    "link_efficiency": "no effect",  # tp 1, ep 1: no all-reduce, no all-to-all
+    "allreduce_latency_s": "no effect",
+    "request_cpu_s": "not part of any step's time",  # a per-request delay outside the forward passes
+}
+
+
 def test_fit_recovers_known_coefficients(tmp_path):
     """The fit alone on a numpy simulation's steps: long shared prompts and 10-80 token answers give decode
     steps whose KV read varies by half the weights, and prefills from 200 to 1,500 tokens."""
     from sim.run import simulate
-    from sim.step_time import ModelCost
+    from pools.gpu_catalog import ARCHS
+    from sim.step_time import Coefficients, ModelCost
     from tests.calibrate.util import load, server
 
     trace = _trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
@@ -58,19 +80,43 @@ def test_fit_recovers_known_coefficients(tmp_path):
     model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=80000, context_length=8192)
     ref = ReferenceRun()
     res = simulate(load(trace), model, gpu, args, replay=ref)
-    cost = ModelCost.from_model(model, gpu, res.plan)
-    truth = cal.synthetic_truth()
+    cost = ModelCost.from_model(model, gpu, res.plan, args)
+    assert cost.arch == "sm90" and cost.prefill_cuda_graph and cost.cuda_graph_max_bs == 256
+    assert cal.resolvable(cost, ref.shapes, Coefficients())[0] == LLAMA_H100_FITTED
+    truth = cal.synthetic_truth(LLAMA_H100_FITTED)
+    # known factors (0.8, 1.25, 1.6 in turn), the rest at the defaults
+    for name, factor in zip(LLAMA_H100_FITTED, (0.8, 1.25, 1.6)):
+        assert getattr(truth, name) == pytest.approx(getattr(Coefficients(), name) * factor, rel=1e-12)
+    assert all(getattr(truth, n) == getattr(Coefficients(), n) for n in Coefficients.names()
+               if n not in LLAMA_H100_FITTED)
     timer = cal.SyntheticTimer(cost, truth, noise=0.01, seed=0)
     measured = np.array([timer(s) for s in ref.shapes])
     held = cal.heldout_mask(len(measured))
     fit = cal.fit(cost, ref.shapes, measured, train=~held)
-    assert fit.fitted == ["mfu", "bw_efficiency", "overhead_s"]
-    assert fit.fixed == ["link_bandwidth", "allreduce_latency_s"]  # tp 1: no all-reduce to learn them from
+    assert fit.fitted == LLAMA_H100_FITTED
+    assert list(fit.fixed) == [n for n in Coefficients.names() if n not in LLAMA_H100_FITTED]
+    for name, why in LLAMA_H100_FIXED.items():
+        assert why in fit.fixed[name], (name, fit.fixed[name])
+    others = [n for n in Coefficients.names() if n.rsplit("_", 1)[-1] in ARCHS and not n.endswith("_sm90")]
+    assert len(others) == 20 and all("this device's steps run on sm90" in fit.fixed[n] for n in others)
+    assert all(getattr(fit.coefficients, n) == getattr(Coefficients(), n) for n in fit.fixed)
     for name in fit.fitted:
         assert abs(getattr(fit.coefficients, name) / getattr(truth, name) - 1) < 0.05, name
     pred = cal.predict(cost, fit.coefficients, ref.shapes)
     report = cal.fit_report([s.kind for s in ref.shapes], pred, measured, held)
     assert report["mape_heldout"] <= 0.04 and report["n_heldout"] == held.sum() > 0
+
+
+def test_identifiable_drops_nil_and_collinear_columns():
+    """Hand-made sensitivities: b is nil (1e-4 < SENSITIVITY_MIN on every step), c = a + 2 d."""
+    a = np.array([1.0, 0.0, 1.0, 0.0])
+    d = np.array([0.0, 0.5, 0.0, 0.6])
+    J = np.stack([a, np.full(4, 1e-4), a + 2 * d, d], axis=1)
+    fitted, fixed = cal.identifiable(J, ["a", "b", "c", "d"])
+    # pivoted: c (norm 2.1) first; then what is left of a is -2x what is left of d, so a is taken; d = (c - a) / 2
+    # has nothing of its own left: collinear
+    assert fitted == ["a", "c"]
+    assert set(fixed) == {"b", "d"} and "no effect" in fixed["b"] and "collinear" in fixed["d"]
 
 
 def test_heldout_blocks_are_contiguous():
@@ -92,9 +138,38 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     for key in ("device", "date", "commit", "model", "server_args", "coefficients", "wall_s"):
         assert rec[key] is not None, key
     assert rec["device"]["torch"] == torch.__version__
-    # a memory-bound MoE model: no step is compute bound, so MFU is not identifiable and stays put
-    assert rec["fit"]["fitted"] == ["bw_efficiency", "overhead_s"]
-    assert all(abs(err) < 0.05 for err in rec["fit"]["recovery"].values())
+    # Kimi-Linear on an H200 (sm90), tp 1, bf16: decode steps replay graphs, prefills run eager (KDA turns prefill
+    # graphs off); why each coefficient a step replay could move is, or is not, fitted on these ~40 training steps
+    fit = rec["fit"]
+    assert fit["arch"] == "sm90" and fit["fitted"] == [
+        "hbm_efficiency_sm90",  # decode steps are memory bound
+        "mfu_sm90",  # prefills of 30-900 tokens are compute bound
+        "eager_layer_s_sm90",  # a constant on prefill steps only
+        "step_overhead_s",  # a constant on every step
+        "linear_prefill_token_layer_s",  # the KDA scan per prefill token
+    ]
+    fixed = {n: why for n, why in fit["fixed"].items() if not n.endswith(("_sm80", "_sm89", "_sm100", "_gfx942"))}
+    assert {n: why.split(" ")[0] for n, why in fixed.items()} == {
+        "moe_gemm_efficiency": "collinear",  # the expert share of a prefill's flops is the same on every prefill
+        # (attention pairs are a negligible part at these lengths): moves predictions only as mfu_sm90 does
+        "graph_layer_s_sm90": "collinear",  # a constant on decode steps = step_overhead_s less the eager constant
+        "fp8_layer_s_sm90": "no",  # bf16 checkpoint: no effect
+        "moe_token_layer_s": "no",  # 1e-10 s per token and layer: < 0.01 % of any step
+        "link_efficiency": "no", "allreduce_latency_s": "no",  # tp 1, ep 1
+        "request_cpu_s": "a",  # a per-request delay, not step time
+    }
+    assert len(fit["fixed"]) - len(fixed) == 20  # the other architectures' coefficients
+    # the file speaks only for sm90 and the architecture-independent step terms (request_cpu_s: not measured)
+    assert list(rec["coefficients"]) == ["hbm_efficiency_sm90", "mfu_sm90", "moe_gemm_efficiency",
+                                         "graph_layer_s_sm90", "eager_layer_s_sm90", "fp8_layer_s_sm90",
+                                         "step_overhead_s", "moe_token_layer_s", "linear_prefill_token_layer_s",
+                                         "link_efficiency", "allreduce_latency_s"]
+    truth = rec["synthetic_timer"]["coefficients"]
+    assert truth["eager_layer_s_sm90"] == pytest.approx(150e-6 * 1.6)  # third resolvable: factor 1.6
+    assert truth["linear_prefill_token_layer_s"] == pytest.approx(1e-6 / 1.4)  # x1.4 leaves the bounds: / 1.4
+    assert truth["graph_layer_s_sm90"] == 20e-6  # not resolvable here: not moved
+    assert sorted(fit["recovery"]) == sorted(fit["fitted"]) and fit["at_bound"] == []
+    assert all(abs(err) < 0.05 for err in fit["recovery"].values())
     assert rec["fit"]["mape_heldout"] <= 0.04 < rec["fit"]["before"]["mape_heldout"]
     steps = (out / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("step,kind,batch_size") and len(steps) == rec["replay"]["measured"] + 1
@@ -109,9 +184,14 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert res.exit_code == 0, res.output
     assert "step time calibrated from" in res.output and "CPU test fixture" in res.output
     run2 = json.loads((tmp_path / "run2" / "run.json").read_text())
-    assert f"calibration {out / 'calibration.json'}" in run2["step_time_model"]
-    bw = rec["coefficients"]["bw_efficiency"]
-    assert f"HBM efficiency {bw:g}" in run2["step_time_model"]
+    # the time-model line names the file, the device and the date, and uses the fitted coefficients
+    assert (f"calibration {out / 'calibration.json'} (cpu, {rec['date']}); held-out step MAPE "
+            f"{fit['mape_heldout']:.1%}") in run2["step_time_model"]
+    assert f"time model: {run2['step_time_model']}" in res.output
+    k = rec["coefficients"]
+    assert (f"sm90 MFU {k['mfu_sm90']:g}, HBM efficiency {k['hbm_efficiency_sm90']:g}, "
+            f"{k['graph_layer_s_sm90'] * 1e6:g}/{k['eager_layer_s_sm90'] * 1e6:g} us per layer (graph/eager), "
+            f"{k['step_overhead_s'] * 1e3:g} ms per step") in run2["step_time_model"]
     # validate: predicted (the file's coefficients) vs measured, without refitting
     res = runner.invoke(app, ["validate", str(chat_trace), *args, "--calibration", str(out / "calibration.json"),
                               "--device", "cpu", "--tiny", "--max-steps", "6", "--triton-steps", "0"])
