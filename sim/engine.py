@@ -271,11 +271,33 @@ class Simulation:
             if r.kv.req_pool_idx is not None:
                 row = np.asarray(pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len:r.kv.kv_allocated_len])
                 owned += len(np.unique(row // ps)) * ps
-        total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
+        available = alloc.full_available_size() if tree.supports_swa() else alloc.available_size()
+        total = available + tree.evictable_size() + tree.protected_size() + owned
         if total != sched.config.max_total_num_tokens:
-            raise AssertionError(f"KV not conserved at t={sched.now}: available {alloc.available_size()} + "
+            raise AssertionError(f"KV not conserved at t={sched.now}: available {available} + "
                                  f"evictable {tree.evictable_size()} + protected {tree.protected_size()} + "
                                  f"owned {owned} != {sched.config.max_total_num_tokens}")
+        if tree.supports_swa():
+            Simulation._check_swa(sched, reqs)
+
+    @staticmethod
+    def _check_swa(sched: Scheduler, reqs: list[Req]) -> None:
+        """The SWA pool: available + the tree's SWA data + the SWA peers requests still own == its size."""
+        import numpy as np
+
+        tree, alloc, pool = sched.tree_cache, sched.allocator, sched.req_to_token_pool
+        ps = alloc.page_size
+        owned = 0
+        for r in reqs:
+            if r.kv.req_pool_idx is not None:
+                row = np.asarray(pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len:r.kv.kv_allocated_len])
+                peers = alloc.full_to_swa_index_mapping[row]
+                owned += len(np.unique(peers[peers > 0] // ps)) * ps
+        total = alloc.swa_available_size() + tree.swa_evictable_size() + tree.swa_protected_size() + owned
+        if total != alloc.size_swa:
+            raise AssertionError(f"SWA KV not conserved at t={sched.now}: available {alloc.swa_available_size()} + "
+                                 f"evictable {tree.swa_evictable_size()} + protected {tree.swa_protected_size()} + "
+                                 f"owned {owned} != {alloc.size_swa}")
 
     # ---------------------------------------------------------------- run
     def run(self, trace: Iterable) -> Recorder:
