@@ -174,8 +174,7 @@ class Simulation:
             launched = None
             if batch is not None:
                 pool = sched.req_to_token_pool  # the step's after-scheduling values, before any result lands
-                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(),
-                             sched.allocator.available_size())
+                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(), self._free_kv(sched))
                 start = max(env.now, state.gpu_free_at)
                 state.gpu_free_at = start + self.step_time(batch)
                 launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
@@ -236,8 +235,8 @@ class Simulation:
         self.recorder.on_step((
             step, sched.replica, start, end - start, batch.forward_mode, batch.batch_size(), running,
             len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.cached_lens), decode_tokens,
-            sched.allocator.available_size(), tree.evictable_size(), tree.protected_size(), pool.available_size(),
-            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(),
+            self._free_kv(sched), tree.evictable_size(), tree.protected_size(), pool.available_size(),
+            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(), *self._swa_sizes(sched),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
             *scheduled,
@@ -254,6 +253,20 @@ class Simulation:
         if ps == 1:
             return 0
         return sum((-r.kv.kv_allocated_len) % ps for r in sched.running_batch.reqs)
+
+    @staticmethod
+    def _free_kv(sched: Scheduler) -> int:
+        """Free KV slots; on two pools (hybrid SWA) the full pool's, the SWA pool has its own columns."""
+        if sched.tree_cache.supports_swa():
+            return sched.allocator.full_available_size()
+        return sched.allocator.available_size()
+
+    @staticmethod
+    def _swa_sizes(sched: Scheduler) -> tuple[int, int, int]:
+        tree = sched.tree_cache
+        if not tree.supports_swa():
+            return 0, 0, 0
+        return sched.allocator.swa_available_size(), tree.swa_evictable_size(), tree.swa_protected_size()
 
     @staticmethod
     def _check(sched: Scheduler, reqs: list[Req]) -> None:

@@ -166,6 +166,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     steps, requests = recorder.step_frame(), recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
+            "swa_max_total_num_tokens": swa.swa_max_total_num_tokens if swa else 0,
             "context_len": config.max_context_len, "dp_size": args.dp_size,
             "retraction_events": [e for s in servers for e in s.retraction_events],
             "slo_p99_s": slo_p99_s, "slo_on": slo_on}

@@ -243,7 +243,9 @@ class Scheduler:
             batch.batch_is_full = False  # the queued result frees their KV this step
             return None
         if full:
-            held = self.config.max_total_num_tokens - self.allocator.available_size() - self.tree_cache.evictable_size()
+            swa = self.tree_cache.supports_swa()
+            free = self.allocator.full_available_size() if swa else self.allocator.available_size()
+            held = self.config.max_total_num_tokens - free - self.tree_cache.evictable_size()
             self.retraction_events.append((self.now, batch.batch_size(), held))
             retracted, ratio, aborted = batch.retract_decode()
             self.new_token_ratio.current = ratio
