@@ -54,3 +54,15 @@ def test_decode_releases_swa_kv_that_left_the_window():
 def test_build_server_refuses_swa_with_a_disabled_cache():
     with pytest.raises(ValueError, match="radix cache on"):
         build_server(config(64), disable_radix_cache=True, swa=SWAConfig(32, 8))
+
+
+def test_a_prompt_that_never_fits_the_swa_pool_whole_is_chunked_to_fit():
+    # 100 prompt + 30 output, window 8, SWA pool 64: it would reserve 92 + 8 + 1 = 101 >= 64, so it is admitted
+    # with a chunk leaving room for its decode window: 64 - (min(30, 8) + 1) = 55 tokens. Stashing that chunk
+    # frees the SWA of rows [0, 54 - 8 = 46); 55 SWA slots are free again and 1 (the unlocked part of the tree's
+    # 9) evictable: the rest of the prompt, 45 tokens, fits the next chunk (min(8192, total, 56 - 1 page)).
+    trace = [TraceReq(0, 0.0, range(1, 101), 30)]
+    steps, reqs, _ = run_sim(trace, config(512), swa=SWAConfig(swa_max_total_num_tokens=64, sliding_window_size=8))
+    extends = steps[steps["kind"] == "extend"]
+    assert list(extends["prefill_tokens"]) == [55, 45]
+    assert list(reqs["output_len"]) == [30]
