@@ -21,6 +21,7 @@ a full-KV-only hit), sessions, HiCache, the per-request SWA ring, draft-widened 
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -155,12 +156,12 @@ class SWARadixCache(RadixCache):
 
     def _tombstone(self, node: SWATreeNode) -> int:
         """Free the node's SWA peers (through its full slots, as ``evict_component``); the KV stays."""
+        if node.swa_lock_ref > 0:
+            raise PoolError(f"SWA eviction of node {node.id} that holds an SWA lock")
         n = len(node.swa_value)
         self.token_to_kv_pool_allocator.free_swa(node.value)
         self.swa_lru.remove(node)
         node.swa_value = None
-        if node.swa_lock_ref > 0:
-            raise PoolError(f"SWA eviction of node {node.id} that holds an SWA lock")
         self.swa_evictable_size_ -= n
         self.num_swa_evicted_tokens += n
         return n
@@ -421,6 +422,9 @@ class SWARadixCache(RadixCache):
         swa_before = self.num_swa_evicted_tokens
         evicted = 0
         if full_tokens > 0:
+            if len(self._leaf_heap) > 4 * len(self.evictable_leaves) + 1024:  # drop stale entries, as evict()
+                self._leaf_heap = [(n.last_access_time, n.id, n) for n in self.evictable_leaves]
+                heapq.heapify(self._leaf_heap)
             while alloc.full_available_size() < full_target:
                 node = self._pop_lru_leaf()
                 if node is None:
@@ -429,17 +433,17 @@ class SWARadixCache(RadixCache):
         if swa_tokens <= 0 or alloc.swa_available_size() >= swa_target \
                 or self.num_swa_evicted_tokens - swa_before >= swa_tokens:
             return evicted
-        for node in list(self.swa_lru.lru_to_mru()):
-            if self.num_swa_evicted_tokens - swa_before >= swa_tokens:
-                break
-            if node not in self.swa_lru or node.swa_lock_ref > 0:
-                continue
-            if node in self.evictable_leaves:
-                evicted += self._delete_leaf(node)
-            else:
-                self._tombstone(node)
-            if alloc.swa_available_size() >= swa_target:
-                break
+        node, head = self.swa_lru.tail.lru_prev, self.swa_lru.head  # a cursor from the LRU end
+        while node is not head and self.num_swa_evicted_tokens - swa_before < swa_tokens:
+            newer = node.lru_prev  # evicting ``node`` unlinks only itself
+            if node.swa_lock_ref == 0:
+                if node in self.evictable_leaves:
+                    evicted += self._delete_leaf(node)
+                else:
+                    self._tombstone(node)
+                if alloc.swa_available_size() >= swa_target:
+                    break
+            node = newer
         return evicted
 
     # ------------------------------------------------------------------ integrity
