@@ -49,6 +49,7 @@ def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow
     req.last_node = result.last_node
     req.kv.cache_protected_len = result.prefix_len
     req.mamba_branching_seqlen = result.mamba_branching_seqlen
+    req.swa_branching_seqlen = result.swa_branching_seqlen
     return result
 
 

@@ -118,6 +118,8 @@ class SWARadixCache(RadixCache):
         self.swa_protected_size_ = 0
         self.num_swa_evicted_tokens = 0
         self._insert_window_start = 0
+        self._branch_inserted = False
+        self._forward_key_len = 0
         self._swa_run = math.inf
 
     def supports_swa(self) -> bool:
@@ -181,7 +183,8 @@ class SWARadixCache(RadixCache):
     def _finish_match(self, key, values, best, best_values, full_hit, **kwargs):
         result = super()._finish_match(key, values, best, best_values, full_hit)
         self.swa_lru.reset_window_mru(best, self.root_node, self.sliding_window_size + self.page_size)
-        return result
+        aligned = full_hit // self.page_size * self.page_size
+        return result._replace(swa_branching_seqlen=aligned if aligned > result.prefix_len else None)
 
     # ------------------------------------------------------------------ split
     def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
@@ -290,14 +293,30 @@ class SWARadixCache(RadixCache):
     # ------------------------------------------------------------------ request lifecycle
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool):
         """An unfinished request first frees its own SWA KV that left the window (``free_out_of_window_slots``
-        with the key's last position); the insert then tombstones what lies below."""
+        with the key's last position); the insert then tombstones what lies below. A request whose full-KV hit
+        went past its valid prefix inserts only up to that branching point first, so the tombstones there get
+        its fresh SWA KV (``prepare_for_caching_req``)."""
+        cache_len = up_to
+        branch = req.swa_branching_seqlen
+        self._branch_inserted = False
+        if branch is not None and req.kv.cache_protected_len < branch <= up_to:
+            cache_len = branch
+            self._branch_inserted = cache_len // self.page_size * self.page_size >= branch
+        self._forward_key_len = up_to
         if not is_finished:
-            self.evict_sliding_window(req, up_to - 1)
+            self.evict_sliding_window(req, cache_len - 1)
         self._insert_window_start = req.kv.swa_evicted_seqlen
-        return up_to, None, None
+        return cache_len, None, None
 
     def _cleanup_after_caching(self, req, is_finished: bool, result, mamba_value, keep_idx) -> None:
+        """``cleanup_after_caching_req``: once the branch is in the tree, forget it and free what left the window
+        of the whole forward key."""
         self._insert_window_start = 0
+        if result is None or not self._branch_inserted:
+            return
+        req.swa_branching_seqlen = None
+        if not is_finished:
+            self.evict_sliding_window(req, self._forward_key_len - 1)
 
     def evict_sliding_window(self, req, pre_len: int, eviction_interval: int = 1) -> None:
         """``free_swa_out_of_window_slots`` (``mem_cache/common.py:75-137``), prefix-sharing case: free the

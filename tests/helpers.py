@@ -27,6 +27,7 @@ class FakeReq:
         self.prefix_len = 0
         self.extend_end = 0
         self.mamba_branching_seqlen = None
+        self.swa_branching_seqlen = None
         self.done = False
 
     @property

@@ -189,16 +189,19 @@ def test_insert_over_a_tombstone_inside_the_window_adopts_the_new_slots():
     e = FakeReq(list(range(1, 7)) + [40, 41, 42, 43])
     assert admit(tree, pool, e) is not None and e.prefix_len == 0  # 1..6 is a tombstone: no valid match
     assert as_list(pool.req_to_token[e.kv.req_pool_idx, :10]) == list(range(11, 21))
+    # E's full-KV hit (6) went past its valid prefix (0): its checkpoint stops at that branching point. 1..6 lies
+    # in E's live window (nothing evicted), so the unlocked tombstone takes E's slots 11..16 and their SWA peers;
+    # its old full slots 1..6 go back (full side only). E's own 40..43 are not cached: slots 17..20 (and their
+    # SWA peers 1..4) are freed with its row.
+    assert e.swa_branching_seqlen == 6
     finish(tree, e)
-    # E's 1..6 lies in its live window (nothing evicted): the unlocked tombstone takes E's slots 11..16 and
-    # their SWA peers; its old full slots 1..6 go back (full side only)
     assert as_list(p.value) == [11, 12, 13, 14, 15, 16] and swa(p) == [11, 12, 13, 14, 15, 16]
-    assert as_list(alloc.full_attn_allocator.free_pages) == list(range(21, 33)) + [1, 2, 3, 4, 5, 6]
-    leaf = path(tree, list(range(1, 7)) + [40, 41, 42, 43])[1]
-    assert swa(leaf) == [1, 2, 3, 4]
-    assert (tree.evictable_size(), tree.swa_evictable_size()) == (14, 14)
+    assert as_list(alloc.full_attn_allocator.free_pages) == list(range(21, 33)) + [1, 2, 3, 4, 5, 6, 17, 18, 19, 20]
+    assert as_list(alloc.swa_attn_allocator.free_pages) == [5, 6, 1, 2, 3, 4]
+    assert list(p.children) == [7] and e.swa_branching_seqlen is None
+    assert (tree.evictable_size(), tree.swa_evictable_size()) == (10, 10)
     f = FakeReq(list(range(1, 7)) + [40, 41, 42, 43, 44])
-    assert match_prefix_for_req(f, tree).prefix_len == 10
+    assert match_prefix_for_req(f, tree).prefix_len == 6  # 1..6 holds a whole window of SWA again
     assert_both_conserved(tree)
 
 
@@ -212,15 +215,17 @@ def test_insert_over_a_locked_tombstone_keeps_the_full_slots_and_takes_the_swa_p
     hold = tree.lock(p)  # a FULL lock on 1..6 (its SWA lock covers a tombstone: nothing protected)
     e = FakeReq(list(range(1, 7)) + [40, 41, 42, 43])
     admit(tree, pool, e)  # slots 11..20, SWA peers 11..16, 1..4
-    finish(tree, e)
-    # the locked node keeps full slots 1..6 and gets E's SWA peers 11..16; E's full 11..16 go back
+    finish(tree, e)  # inserts up to its branching point 6 (as above)
+    # the locked node keeps full slots 1..6 and gets E's SWA peers 11..16; E's full 11..16 go back, then the
+    # rest of its row (17..20) with its row
     assert as_list(p.value) == [1, 2, 3, 4, 5, 6] and swa(p) == [11, 12, 13, 14, 15, 16]
     assert as_list(alloc.full_to_swa_index_mapping[1:7]) == [11, 12, 13, 14, 15, 16]
     assert as_list(alloc.full_to_swa_index_mapping[11:17]) == [0] * 6
-    assert as_list(alloc.full_attn_allocator.free_pages) == list(range(21, 33)) + [11, 12, 13, 14, 15, 16]
+    assert as_list(alloc.full_attn_allocator.free_pages) == list(range(21, 33)) + [11, 12, 13, 14, 15, 16,
+                                                                                   17, 18, 19, 20]
     assert tree.swa_protected_size() == 6  # it was published under the SWA lock
     tree.unlock(hold)
-    assert (tree.swa_protected_size(), tree.swa_evictable_size()) == (0, 14)
+    assert (tree.swa_protected_size(), tree.swa_evictable_size()) == (0, 10)
     assert_both_conserved(tree)
 
 
