@@ -15,8 +15,9 @@ What the SWA component adds to the FULL tree:
 - insert publishes SWA only for ``[swa_evicted_seqlen, end)`` of the request (the part whose SWA KV it
   still holds), capping a new leaf at one page-aligned window so a lock pins one window; an inserted
   range that overlaps a tombstone inside the request's window gives the tombstone SWA KV again.
-Not modelled: the SWA branching point (``swa_branching_seqlen``: a later insert stopping at the end of
-a full-KV-only hit), sessions, HiCache, the per-request SWA ring, draft-widened windows.
+- a request whose full-KV hit went past its valid prefix first checkpoints only up to that branching point
+  (``swa_branching_seqlen``), so the tombstones there take its fresh SWA KV.
+Not modelled: sessions, HiCache, the per-request SWA ring, draft-widened windows.
 """
 
 from __future__ import annotations
