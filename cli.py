@@ -330,8 +330,9 @@ class RunProgress:
 
 def _describe(model, gpu, args, plan, trace_info: dict) -> str:
     """What a run simulates, printed before it starts."""
-    pools = (f"KV pool {plan.max_total_num_tokens:,} tokens (page {plan.page_size}), "
-             f"{plan.max_running_requests:,} request rows"
+    kv = (f"full KV pool {plan.max_total_num_tokens:,} + SWA KV pool {plan.swa_max_total_num_tokens:,} tokens"
+          if plan.is_hybrid_swa else f"KV pool {plan.max_total_num_tokens:,} tokens")
+    pools = (f"{kv} (page {plan.page_size}), {plan.max_running_requests:,} request rows"
              + (f", {plan.max_mamba_cache_size:,} mamba slots" if plan.max_mamba_cache_size else ""))
     gpus = args.tp_size * args.dp_size
     return (f"simulating {model.name} on {gpus} x {gpu.name} (tp {args.tp_size}, dp {args.dp_size}); trace "
@@ -392,7 +393,8 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get("slo_p99_s") is not None:
             rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
                                                          f"(target {ms(summary['slo_p99_s'])})"))
-    for name, label in (("kv", "KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
+    kv_label = "full KV tokens" if "swa" in pools else "KV tokens"
+    for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
             p = pools[name]
             rows.append((f"{label} (capacity {p['capacity']:,})",

@@ -26,7 +26,10 @@ def evict_from_tree_cache(tree_cache, num_tokens: int) -> int:
     """Evict only the shortfall ``num_tokens - available``; returns tokens evicted."""
     if not tree_cache.supports_prefix_sharing():
         return 0
-    shortfall = num_tokens - tree_cache.token_to_kv_pool_allocator.available_size()
+    allocator = tree_cache.token_to_kv_pool_allocator
+    if hasattr(allocator, "evict_to_free_tokens"):  # two pools: each pool's own shortfall
+        return allocator.evict_to_free_tokens(tree_cache, num_tokens)
+    shortfall = num_tokens - allocator.available_size()
     return tree_cache.evict_for_alloc(shortfall) if shortfall > 0 else 0
 
 
@@ -46,6 +49,7 @@ def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow
     req.last_node = result.last_node
     req.kv.cache_protected_len = result.prefix_len
     req.mamba_branching_seqlen = result.mamba_branching_seqlen
+    req.swa_branching_seqlen = result.swa_branching_seqlen
     return result
 
 

@@ -19,6 +19,9 @@ class BasePrefixCache:
     def supports_mamba(self) -> bool:
         return False
 
+    def supports_swa(self) -> bool:
+        return False
+
     def mamba_evictable_size(self) -> int:
         return 0
 

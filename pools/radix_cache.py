@@ -72,6 +72,7 @@ class MatchResult(NamedTuple):
     last_node: TreeNode  # deepest usable matched node
     full_kv_hit_length: int = 0  # FULL match length (exceeds prefix_len when mamba states are missing)
     mamba_branching_seqlen: int | None = None
+    swa_branching_seqlen: int | None = None  # SWA trees: page-aligned end of a full-KV hit past the valid prefix
 
     @property
     def device_indices(self) -> np.ndarray:

@@ -27,6 +27,8 @@ class ReqKvInfo:
     mamba_last_track_idx: int | None = None  # buffer position holding the newest checkpoint
     mamba_last_track_seqlen: int | None = None  # sequence length that checkpoint is the state of
     mamba_prev_track_seqlen: int | None = None
+    # hybrid-SWA models: row positions [0, swa_evicted_seqlen) no longer hold SWA KV of the request's own
+    swa_evicted_seqlen: int = 0
 
     @property
     def holds_kv(self) -> bool:
@@ -48,6 +50,7 @@ class ReqKvInfo:
         self.mamba_last_track_idx = None
         self.mamba_last_track_seqlen = None
         self.mamba_prev_track_seqlen = None
+        self.swa_evicted_seqlen = 0
 
 
 class ReqLike(Protocol):

@@ -4,8 +4,8 @@ per-request SWA ring.
 Two independent allocators, one per pool, and ``full_to_swa_index_mapping``: for every full-pool slot,
 its SWA peer (0: none; the trailing entry is -1, so a ``last_loc`` of -1 maps to -1). Callers hold
 full-pool indices only. ``free_swa`` releases just the SWA peers (what decode does to tokens that left
-the window); ``free`` releases the SWA peers first, then the full slots. Not yet used by the simulator:
-``run`` refuses hybrid-SWA models until the SWA radix component and admission rules exist.
+the window); ``free`` releases the SWA peers first, then the full slots. The SWA radix cache
+(``pools/swa_radix_cache.py``) and the SWA prefill budget (``sim/swa_prefill_adder.py``) run on it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ class SWATokenToKVPoolAllocator:
     @property
     def size(self) -> int:
         return min(self.size_full, self.size_swa)
+
+    @property
+    def num_pages(self) -> int:  # the larger pool's page count paces --check's full free-list scans
+        return max(self.full_attn_allocator.num_pages, self.swa_attn_allocator.num_pages)
+
+    def set_checks(self, enabled: bool) -> None:
+        self.full_attn_allocator.set_checks(enabled)
+        self.swa_attn_allocator.set_checks(enabled)
 
     def clear(self) -> None:
         self.full_attn_allocator.clear()
@@ -126,6 +134,38 @@ class SWATokenToKVPoolAllocator:
             self.swa_free_group.append(swa_indices)
             return
         self._release_swa(swa_indices)
+
+    def free_swa_segment(self, free_index, *, start_pos: int) -> None:
+        """``free_swa`` for a kv-row segment (page-aligned start): every slot must still have its peer."""
+        if len(free_index) == 0:
+            return
+        if start_pos % self.page_size:
+            raise PoolError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
+        self._free_swa_pages(free_index)
+
+    def free_full_segment(self, free_index, *, start_pos: int) -> None:
+        """Full slots whose SWA peers are already gone (below a request's window, or a tombstoned node)."""
+        if len(free_index) == 0:
+            return
+        if (self.full_to_swa_index_mapping[self.xp.to_numpy(free_index)] != 0).any():
+            raise PoolError("free_full_segment: a slot still has an SWA peer (call free_segment)")
+        self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+        self._set_mapping(full_indices, swa_indices)
+
+    def clear_full_to_swa_mapping(self, full_indices) -> None:
+        self.full_to_swa_index_mapping[self.xp.to_numpy(full_indices)] = 0
+
+    def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> int:
+        """Ask the tree for each pool's shortfall (``allocator/swa.py:210-220``); returns full tokens evicted."""
+        if not tree_cache.supports_prefix_sharing():
+            return 0
+        full_shortfall = max(0, num_tokens - self.full_available_size())
+        swa_shortfall = max(0, num_tokens - self.swa_available_size())
+        if full_shortfall or swa_shortfall:
+            return tree_cache.evict_for_pools(full_shortfall, swa_shortfall)
+        return 0
 
     def free_segment(self, free_index, *, start_pos: int) -> None:
         if len(free_index) == 0:

@@ -115,12 +115,14 @@ def run_figures(r: Run) -> list[FigureSpec]:
     cell = get_path(run, "memory_plan.cell_size_bytes")
     reps = plots.num_replicas(s, q)
     mamba = ("figures.mamba_own", "steps.mamba_evictable_states") if "mamba" in summary["pools"] else ()
+    swa = (("figures.swa_own", "steps.swa_protected_size", "steps.swa_evictable_size", "steps.swa_available_size")
+           if "swa" in summary["pools"] else ())
     specs = [
         FigureSpec("memory_timeline", "Memory per pool over time",
                    "Stacked: what holds each pool's capacity at the busiest step of each time bin. Red lines: steps "
                    "that retracted requests; black dashed: aborts.",
                    ("figures.kv_own", "steps.protected_size", "steps.evictable_size", "steps.available_size",
-                    "steps.free_req_rows", *mamba, "steps.retracted", "requests.aborted", "figures.time_bin"),
+                    "steps.free_req_rows", *mamba, *swa, "steps.retracted", "requests.aborted", "figures.time_bin"),
                    lambda: plots.plot_memory_timeline(s, q, summary["pools"], cell)),
         FigureSpec("queue", "Running and waiting requests",
                    "Requests holding a request row and requests waiting for admission (peak of each time bin).",

@@ -108,6 +108,23 @@ def num_replicas(steps: pd.DataFrame, requests: pd.DataFrame | None = None) -> i
 
 
 # ---------------------------------------------------------------- single run
+def _swa_panel(ax, steps: pd.DataFrame, edges, capacity: int, reps: int, per_rep: str) -> None:
+    """The SWA pool of a hybrid-SWA model, stacked like the KV panel."""
+    cap = capacity * reps
+    swa = peak_per_bin(steps.assign(_held=-(steps["swa_available_size"] + steps["swa_evictable_size"])), edges,
+                       "_held", ["swa_available_size", "swa_evictable_size", "swa_protected_size"],
+                       {"swa_available_size": capacity, "swa_evictable_size": 0, "swa_protected_size": 0})
+    own = cap - swa["swa_available_size"] - swa["swa_evictable_size"] - swa["swa_protected_size"]
+    _stack(ax, edges, [("running requests' own SWA KV", own, "own"),
+                       ("protected radix prefix", swa["swa_protected_size"], "protected"),
+                       ("evictable radix cache", swa["swa_evictable_size"], "evictable"),
+                       ("free", swa["swa_available_size"], "free")])
+    ax.set_ylim(0, cap * 1.04)
+    ax.set_ylabel("SWA slots (tokens)")
+    ax.yaxis.set_major_formatter(TOKENS_FMT)
+    ax.set_title(f"SWA KV pool (sliding-window layers): {units.tokens(cap)} slots{per_rep}", loc="left", fontsize=10)
+
+
 def plot_memory_timeline(steps: pd.DataFrame, requests: pd.DataFrame, pools: dict,
                          cell_size_bytes: int | None = None) -> Figure:
     """Each pool as a stacked area over time (KV: running requests' own, protected prefix, evictable cache, free;
@@ -117,7 +134,8 @@ def plot_memory_timeline(steps: pd.DataFrame, requests: pd.DataFrame, pools: dic
     """
     reps = num_replicas(steps, requests)
     has_mamba = "mamba" in pools
-    heights = [3.0, 1.6] + ([1.8] if has_mamba else [])
+    has_swa = "swa" in pools  # hybrid SWA: the KV panel is the full pool, the SWA pool gets its own
+    heights = [3.0, 1.6] + ([1.8] if has_mamba else []) + ([3.0] if has_swa else [])
     fig = _figure(sum(heights) + 0.9)
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     edges = time_edges(steps)
@@ -139,7 +157,9 @@ def plot_memory_timeline(steps: pd.DataFrame, requests: pd.DataFrame, pools: dic
     axes[0].set_ylabel("KV slots (tokens)")
     axes[0].yaxis.set_major_formatter(TOKENS_FMT)
     size = f" = {units.nbytes(pools['kv']['capacity'] * cell_size_bytes)} per tp rank" if cell_size_bytes else ""
-    axes[0].set_title(f"KV pool: {units.tokens(cap)} slots{size}{per_rep}", loc="left", fontsize=10)
+    which = "Full KV pool (full-attention layers)" if has_swa else "KV pool"
+    size = "" if has_swa else size  # the cell size counts both pools' layers
+    axes[0].set_title(f"{which}: {units.tokens(cap)} slots{size}{per_rep}", loc="left", fontsize=10)
 
     rows_cap = pools["rows"]["capacity"] * reps
     rows = peak_per_bin(steps, edges, "free_req_rows", ["free_req_rows"], {"free_req_rows": pools["rows"]["capacity"]},
@@ -163,6 +183,9 @@ def plot_memory_timeline(steps: pd.DataFrame, requests: pd.DataFrame, pools: dic
         axes[2].set_ylabel("state slots")
         _integer_ticks(axes[2])
         axes[2].set_title(f"Mamba state pool: {units.count(mcap)} slots{per_rep}", loc="left", fontsize=10)
+
+    if has_swa:
+        _swa_panel(axes[-1], steps, edges, pools["swa"]["capacity"], reps, per_rep)
 
     for i, ax in enumerate(axes):
         if len(retract_t):

@@ -10,7 +10,7 @@ from markupsafe import Markup
 
 from reports import definitions, units
 
-POOL_NAMES = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots"}
+POOL_NAMES = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots", "swa": "SWA KV tokens"}
 
 
 def get_path(d: dict, dotted: str, default=None):

@@ -194,8 +194,7 @@ class Simulation:
             launched = None
             if batch is not None:
                 pool = sched.req_to_token_pool  # the step's after-scheduling values, before any result lands
-                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(),
-                             sched.allocator.available_size())
+                scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(), self._free_kv(sched))
                 start = max(env.now, state.gpu_free_at)
                 state.gpu_free_at = start + self.step_time(batch)
                 launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
@@ -256,8 +255,8 @@ class Simulation:
         self.recorder.on_step((
             step, sched.replica, start, end - start, batch.forward_mode, batch.batch_size(), running,
             len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.cached_lens), decode_tokens,
-            sched.allocator.available_size(), tree.evictable_size(), tree.protected_size(), pool.available_size(),
-            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(),
+            self._free_kv(sched), tree.evictable_size(), tree.protected_size(), pool.available_size(),
+            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(), *self._swa_sizes(sched),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
             *scheduled,
@@ -274,6 +273,20 @@ class Simulation:
         if ps == 1:
             return 0
         return sum((-r.kv.kv_allocated_len) % ps for r in sched.running_batch.reqs)
+
+    @staticmethod
+    def _free_kv(sched: Scheduler) -> int:
+        """Free KV slots; on two pools (hybrid SWA) the full pool's, the SWA pool has its own columns."""
+        if sched.tree_cache.supports_swa():
+            return sched.allocator.full_available_size()
+        return sched.allocator.available_size()
+
+    @staticmethod
+    def _swa_sizes(sched: Scheduler) -> tuple[int, int, int]:
+        tree = sched.tree_cache
+        if not tree.supports_swa():
+            return 0, 0, 0
+        return sched.allocator.swa_available_size(), tree.swa_evictable_size(), tree.swa_protected_size()
 
     @staticmethod
     def _check(sched: Scheduler, step: int) -> None:
@@ -296,11 +309,32 @@ class Simulation:
             row = np.asarray(pool.req_to_token[kv.req_pool_idx, kv.cache_protected_len:kv.kv_allocated_len])
             pages = np.sort(row // ps if ps > 1 else row)
             owned += (int(np.count_nonzero(pages[1:] != pages[:-1])) + 1 if pages.size else 0) * ps  # distinct
-        total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
+        available = alloc.full_available_size() if tree.supports_swa() else alloc.available_size()
+        total = available + tree.evictable_size() + tree.protected_size() + owned
         if total != sched.config.max_total_num_tokens:
-            raise AssertionError(f"KV not conserved at t={sched.now}: available {alloc.available_size()} + "
+            raise AssertionError(f"KV not conserved at t={sched.now}: available {available} + "
                                  f"evictable {tree.evictable_size()} + protected {tree.protected_size()} + "
                                  f"owned {owned} != {sched.config.max_total_num_tokens}")
+        if tree.supports_swa():
+            Simulation._check_swa(sched)
+
+    @staticmethod
+    def _check_swa(sched: Scheduler) -> None:
+        """The SWA pool: available + the tree's SWA data + the SWA peers requests still own == its size."""
+        import numpy as np
+
+        tree, alloc, pool = sched.tree_cache, sched.allocator, sched.req_to_token_pool
+        ps = alloc.page_size
+        owned = 0
+        for kv in pool.row_kv.values():  # every request holding a row
+            row = np.asarray(pool.req_to_token[kv.req_pool_idx, kv.cache_protected_len:kv.kv_allocated_len])
+            peers = alloc.full_to_swa_index_mapping[row]
+            owned += len(np.unique(peers[peers > 0] // ps)) * ps
+        total = alloc.swa_available_size() + tree.swa_evictable_size() + tree.swa_protected_size() + owned
+        if total != alloc.size_swa:
+            raise AssertionError(f"SWA KV not conserved at t={sched.now}: available {alloc.swa_available_size()} + "
+                                 f"evictable {tree.swa_evictable_size()} + protected {tree.swa_protected_size()} + "
+                                 f"owned {owned} != {alloc.size_swa}")
 
     # ---------------------------------------------------------------- run
     def run(self, trace: Iterable) -> Recorder:

@@ -13,7 +13,8 @@ import pandas as pd
 STEP_COLUMNS = (
     "step", "replica", "time_s", "duration_s", "kind", "batch_size", "running", "waiting",
     "prefill_tokens", "cached_prefill_tokens", "decode_tokens", "available_size", "evictable_size",
-    "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted", "aborted",
+    "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "swa_available_size",
+    "swa_evictable_size", "swa_protected_size", "retracted", "aborted",
     "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
     "waiting_scheduled", "running_scheduled", "available_size_scheduled",
 )

@@ -82,9 +82,9 @@ class PrefillAdder:
     # ---------------------------------------------------------------- candidates
     def add_chunked_req(self, req):
         """Re-admit the one chunked request first; it must make progress. Returns it while still truncated."""
-        rem = min(self.rem_chunk_tokens, int(self.rem_total_tokens))
-        if rem <= 0:
-            rem = self.rem_chunk_tokens
+        rem = self._available_chunk_tokens()
+        if rem is None:
+            return req  # not this step (an SWA pool without room for another chunk)
         cand = req.seqlen - req.prefix_len
         truncated = cand > rem
         new_len = min(cand, rem)
@@ -92,6 +92,15 @@ class PrefillAdder:
         self.can_run_list.append(req)
         self._update_prefill_budget(0, new_len, 0 if truncated else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS))
         return req if truncated else None
+
+    def _available_chunk_tokens(self) -> int | None:
+        """The continuing chunk's size cap; a single pool must let it progress to release its KV."""
+        rem = min(self.rem_chunk_tokens, int(self.rem_total_tokens))
+        return rem if rem > 0 else self.rem_chunk_tokens
+
+    def _check_prefill_budget(self, req, extend_len: int, total_tokens: int) -> tuple[bool, int | None]:
+        """(admit, chunk size limit) (``PrefillBudget.check_prefill``)."""
+        return total_tokens < self.rem_total_tokens, self.rem_chunk_tokens
 
     def add_one_req(self, req, has_chunked_req: bool) -> AddReqResult:
         if req.ignore_eos and self.tree_cache.disable:
@@ -119,14 +128,15 @@ class PrefillAdder:
         prefix_len = req.prefix_len
         extend_len = req.seqlen - prefix_len
         input_tokens = self.ceil_paged_tokens(extend_len)
-        if not total_tokens < self.rem_total_tokens:
+        can_admit, chunk_limit = self._check_prefill_budget(req, extend_len, total_tokens)
+        if not can_admit:
             return AddReqResult.NO_TOKEN
         if self.rem_chunk_tokens is None and self.can_run_list and input_tokens >= self.rem_input_tokens:
             return AddReqResult.OTHER  # no chunking: only the first request may exceed the input cap
         max_new_tokens = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
         is_chunked = False
-        if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
-            extend_len = self.rem_chunk_tokens // self.page_size * self.page_size
+        if chunk_limit is not None and input_tokens > chunk_limit:
+            extend_len = chunk_limit // self.page_size * self.page_size
             end = (prefix_len + extend_len) // self.page_size * self.page_size
             extend_len = end - prefix_len
             if extend_len <= 0:

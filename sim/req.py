@@ -13,7 +13,7 @@ class Req:
                  "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
                  "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "cached_tokens",
                  "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica",
-                 "tokens_not_cached", "to_finish", "abort_cause")
+                 "tokens_not_cached", "to_finish", "abort_cause", "decode_batch_idx", "swa_branching_seqlen")
 
     def __init__(self, rid: int, trace_req, max_new_tokens: int, ignore_eos: bool = False):
         self.rid = rid
@@ -31,6 +31,7 @@ class Req:
         self.last_node = None
         self.lock = None
         self.mamba_branching_seqlen = None
+        self.swa_branching_seqlen = None  # hybrid SWA: where the first checkpoint stops (see SWARadixCache)
         self.retraction_count = 0
         self.is_retracted = False
         self.finished_reason: str | None = None  # "length" | "stop" | "abort"
@@ -48,6 +49,7 @@ class Req:
         self.tokens_not_cached = 0  # KV computed but not kept by the tree at finish (unaligned tail, no state)
         self.to_finish: str | None = None  # an abort cause applied when the next output lands (SGLang's to_finish)
         self.abort_cause: str | None = None  # why an aborted request was aborted (reports/METRICS.md)
+        self.decode_batch_idx = 0  # decode batches prepared for it since its (re-)admission
 
     # ---------------------------------------------------------------- lengths
     @property
@@ -117,5 +119,7 @@ class Req:
         self.is_retracted = True
         self.inflight_middle_chunks = 0
         self.mamba_branching_seqlen = None
+        self.swa_branching_seqlen = None
         self.num_matched_prefix_tokens = 0
+        self.decode_batch_idx = 0
         self.kv.reset_for_retract()

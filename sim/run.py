@@ -21,7 +21,7 @@ from sim import ROUTERS
 from sim.engine import Simulation
 from sim.metrics import CHUNK_ROWS, Recorder
 from sim.scheduler import SchedulerConfig
-from sim.server import MambaConfig, build_server
+from sim.server import MambaConfig, SWAConfig, build_server
 from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
                             calibration_source)
 from sim.summary import SLO_METRICS, summarize
@@ -98,6 +98,19 @@ def mamba_config(plan: MemoryPlan, args: ServerArgs, overlap: bool) -> MambaConf
                        mamba_track_interval=args.mamba_track_interval)
 
 
+def swa_config(plan: MemoryPlan, args: ServerArgs, model: ModelConfig) -> SWAConfig | None:
+    """A hybrid-SWA plan runs on two pools; never on one: admission and release differ slot for slot."""
+    if not plan.is_hybrid_swa:
+        return None
+    if args.disable_radix_cache:  # SGLang then frees out-of-window KV during prefill too; not modelled
+        raise ValueError(f"--model {model.name}: run simulates hybrid-SWA models with the radix cache on only "
+                         "(--disable-radix-cache takes SGLang's no-prefix-sharing SWA path, not modelled)")
+    if plan.is_hybrid:
+        raise ValueError(f"--model {model.name}: run does not simulate SWA together with mamba state pools")
+    return SWAConfig(swa_max_total_num_tokens=plan.swa_max_total_num_tokens,
+                     sliding_window_size=plan.sliding_window)
+
+
 def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: MemoryPlan,
                    runtime_overhead_gib: float | None) -> dict | None:
     """Bytes per request and max concurrency vs context length: the hybrid and its all-full-attention twin."""
@@ -145,18 +158,16 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
     check_router(router)
     plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
-    if plan.is_hybrid_swa:  # never simulate it on one pool: admission and release differ slot for slot
-        raise ValueError(f"--model {model.name}: run does not simulate hybrid-SWA models yet (SGLang's "
-                         "SWATokenToKVPoolAllocator, window release and SWA radix component are not modelled); "
-                         "`poolsim plan` sizes both pools")
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
     device = None
     if replay is not None:
         device, mamba = replay.device, replay.mamba_config(mamba)
+    swa = swa_config(plan, args, model)
     recorder = Recorder(stream_dir, table_format, chunk_rows)
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
-                            recorder=recorder, replica=i, device=device, checks=check) for i in range(args.dp_size)]
+                            recorder=recorder, replica=i, device=device, checks=check,
+                            swa=swa) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
     step_fn = clock if replay is None else _replay_step(replay.step_time(clock, servers), clock)
     sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
@@ -166,6 +177,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     steps, requests = recorder.step_frame(), recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
+            "swa_max_total_num_tokens": swa.swa_max_total_num_tokens if swa else 0,
             "context_len": config.max_context_len, "dp_size": args.dp_size,
             "retraction_events": [e for s in servers for e in s.retraction_events],
             "slo_p99_s": slo_p99_s, "slo_on": slo_on}

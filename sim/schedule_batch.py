@@ -14,6 +14,7 @@ from pools.allocation import (
     evict_from_tree_cache,
     release_kv_cache,
 )
+from pools.swa_radix_cache import SWA_EVICTION_INTERVAL
 
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per remaining request
 
@@ -102,10 +103,30 @@ class ScheduleBatch:
         """One new KV slot per request (SGLang allocates it before the forward)."""
         self.forward_mode = "decode"
         self.decode_seq_lens = [r.kv.kv_committed_len + 1 for r in self.reqs]
+        if self.tree_cache.supports_swa():
+            self.evict_swa()
         alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
+        for r in self.reqs:
+            r.decode_batch_idx += 1
         if self.tree_cache.supports_mamba():
             tracks = {id(r): t for r in self.reqs if (t := self.tree_cache.track_after_decode(r)) is not None}
             self.mamba_tracks = tracks or None
+
+    def evict_swa(self) -> None:
+        """``maybe_evict_swa`` before a decode allocation: a request past its first decode batch (under
+        overlap the previous extend may still run) frees its own out-of-window SWA KV once at least
+        ``SWA_EVICTION_INTERVAL`` tokens have left the window."""
+        tree = self.tree_cache
+        window = tree.sliding_window_size
+        allocator = tree.token_to_kv_pool_allocator
+        allocator.free_group_begin()
+        try:
+            for r in self.reqs:
+                if r.decode_batch_idx >= 1 and r.kv.holds_kv and \
+                        r.seqlen - 1 - window >= r.kv.swa_evicted_seqlen + SWA_EVICTION_INTERVAL:
+                    tree.evict_sliding_window(r, r.seqlen - 1)
+        finally:
+            allocator.free_group_end()
 
     def retract_decode(self):
         """Release requests (fewest outputs first, ties: longest prompt) until the next decode fits.

@@ -15,6 +15,7 @@ from pools.allocation import checkpoint_kv_cache, match_prefix_for_req, release_
 from sim.prefill_adder import AddReqResult, PrefillAdder
 from sim.schedule_batch import ScheduleBatch
 from sim.schedule_policy import SchedulePolicy
+from sim.swa_prefill_adder import SWAPrefillAdder
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -159,7 +160,8 @@ class Scheduler:
             return None
         self.policy.calc_priority(self.waiting_queue)
         mixed = self.config.enable_mixed_chunk
-        adder = PrefillAdder(self.page_size, self.tree_cache, running, self.new_token_ratio.current,
+        adder_cls = SWAPrefillAdder if self.tree_cache.supports_swa() else PrefillAdder
+        adder = adder_cls(self.page_size, self.tree_cache, running, self.new_token_ratio.current,
                              self.config.max_prefill_tokens, self.config.chunked_prefill_size,
                              running.batch_size() if mixed else 0)
         continuing = self.chunked_req
@@ -250,7 +252,9 @@ class Scheduler:
             batch.batch_is_full = False  # the queued result frees their KV this step
             return None
         if full:
-            held = self.config.max_total_num_tokens - self.allocator.available_size() - self.tree_cache.evictable_size()
+            swa = self.tree_cache.supports_swa()
+            free = self.allocator.full_available_size() if swa else self.allocator.available_size()
+            held = self.config.max_total_num_tokens - free - self.tree_cache.evictable_size()
             self.retraction_events.append((self.now, batch.batch_size(), held))
             retracted, ratio, aborted = batch.retract_decode()
             self.new_token_ratio.current = ratio

@@ -14,6 +14,8 @@ from pools import (
     TokenToKVPoolAllocator,
 )
 from pools.mamba_pool import MambaCacheParams
+from pools.swa_allocator import SWATokenToKVPoolAllocator
+from pools.swa_radix_cache import SWARadixCache
 from sim.scheduler import Scheduler, SchedulerConfig
 
 
@@ -28,11 +30,21 @@ class MambaConfig:
     mamba_track_interval: int = 256
 
 
+@dataclass(frozen=True)
+class SWAConfig:
+    """The second KV pool of a hybrid-SWA model (``config.max_total_num_tokens`` is the full pool)."""
+
+    swa_max_total_num_tokens: int
+    sliding_window_size: int
+
+
 def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
-                 recorder=None, replica: int = 0, device: str | None = None, checks: bool = True) -> Scheduler:
+                 recorder=None, replica: int = 0, device: str | None = None, checks: bool = True,
+                 swa: SWAConfig | None = None) -> Scheduler:
     """``device``: None runs the pools on numpy (the simulator); a torch device runs the same bookkeeping on
     torch tensors there, state buffers included (the validation path). ``checks``: the free lists' double-free
-    checks (off for a plain run: they never change an id)."""
+    checks (off for a plain run: they never change an id). ``swa``: a hybrid-SWA model's two pools,
+    ``SWATokenToKVPoolAllocator`` and the SWA radix cache (not with mamba or a disabled cache)."""
     rows = config.max_running_requests
     width = config.max_context_len or config.context_len
     if mamba is None:
@@ -41,6 +53,14 @@ def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disa
         buffers = mamba.ping_pong_track_buffer_size if mamba.strategy == "extra_buffer" else 0
         pool = HybridReqToTokenPool(rows, width, mamba.max_mamba_cache_size, mamba.cache_params, device=device,
                                     mamba_ping_pong_track_buffer_size=buffers)
+    if swa is not None:
+        if mamba is not None or disable_radix_cache:
+            raise ValueError("hybrid-SWA pools are simulated with the radix cache on and no mamba state")
+        allocator = SWATokenToKVPoolAllocator(config.max_total_num_tokens, swa.swa_max_total_num_tokens,
+                                              config.page_size, device=device)
+        allocator.set_checks(checks)
+        return Scheduler(config, SWARadixCache(pool, allocator, swa.sliding_window_size), pool,
+                         recorder=recorder, replica=replica)
     if config.page_size == 1:
         allocator = TokenToKVPoolAllocator(config.max_total_num_tokens, device=device)
     else:

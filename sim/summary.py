@@ -88,6 +88,16 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
             if len(steps) else None,
             "mean_idle_slots": _time_weighted_mean(steps["mamba_free_slots"], dur) if len(steps) else 0.0,
         }
+    cap_swa = meta.get("swa_max_total_num_tokens") or 0
+    if cap_swa:
+        swa_used = (cap_swa - steps["swa_available_size"] - steps["swa_evictable_size"]) / cap_swa
+        pools["swa"] = {
+            "capacity": cap_swa,
+            "peak_used_frac": float(swa_used.max()) if len(steps) else 0.0,
+            "mean_used_frac": _time_weighted_mean(swa_used, dur) if len(steps) else 0.0,
+            "first_exhausted_s": _first_time(steps, steps["swa_available_size"] + steps["swa_evictable_size"]
+                                             < meta["page_size"]) if len(steps) else None,
+        }
     exhausted = [(p["first_exhausted_s"], name) for name, p in pools.items() if p["first_exhausted_s"] is not None]
     if exhausted:
         binding = min(exhausted)[1]
@@ -242,7 +252,8 @@ def _pool_story(summary: dict) -> str:
         parts.append(f"Evicted {_tokens(summary['evicted_tokens'])} cached prefix tokens to make room, first at "
                      f"t={summary['first_eviction_s']:.1f} s.")
     binding = summary["binding_pool"]
-    name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots"}.get(binding, "none")
+    name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots",
+            "swa": "SWA KV tokens"}.get(binding, "none")
     if binding:
         pool = summary["pools"][binding]
         peak = pool["peak_used_frac"]

@@ -27,6 +27,7 @@ class FakeReq:
         self.prefix_len = 0
         self.extend_end = 0
         self.mamba_branching_seqlen = None
+        self.swa_branching_seqlen = None
         self.done = False
 
     @property
@@ -91,7 +92,7 @@ class TraceReq:
 
 
 def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None,
-            ignore_eos=False):
+            ignore_eos=False, swa=None):
     """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler).
     ``ignore_eos``: every request is sent with ignore_eos (as bench_serving does)."""
     from sim.engine import Simulation
@@ -100,7 +101,8 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
     from sim.step_time import FixedStepTime
 
     rec = Recorder()
-    sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device)
+    sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device,
+                         swa=swa)
     sim = Simulation([sched], FixedStepTime(step), rec,
                      max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, ignore_eos),
                      check_every_step=check)

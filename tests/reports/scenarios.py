@@ -7,7 +7,7 @@ import numpy as np
 from pools import MambaCacheParams, MambaStateShape
 from sim.output import write_run
 from sim.scheduler import SchedulerConfig
-from sim.server import MambaConfig
+from sim.server import MambaConfig, SWAConfig
 from sim.summary import summarize
 from tests.helpers import TraceReq, run_sim
 
@@ -56,6 +56,9 @@ SCENARIOS = {
                "test-mha-small"),
     "hybrid": (lambda: chat_trace(50, 4, 12.0, output_len=(20, 120)), {"pool": 2400, "rows": 8, "ctx": 1024}, 20,
                "Kimi-Linear-48B-A3B (test-sized)"),
+    # two KV pools: the SWA pool (window 32) binds before the full one
+    "swa": (lambda: chat_trace(50, 5, 12.0, output_len=(100, 300)),
+            {"pool": 4096, "rows": 16, "ctx": 1024, "swa": 900, "window": 32}, None, "gpt-oss-20b (test-sized)"),
 }
 
 
@@ -67,10 +70,11 @@ def write_scenario(name: str, out_dir, render=None):
                              context_len=c["ctx"], chunked_prefill_size=256, enable_overlap=True)
     trace = make_trace()
     mamba = kimi_mamba(mamba_slots) if mamba_slots else None
-    steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False)
+    swa = SWAConfig(c["swa"], c["window"]) if "swa" in c else None
+    steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False, swa=swa)
     meta = {"max_total_num_tokens": c["pool"], "max_running_requests": c["rows"], "page_size": page,
             "context_len": c["ctx"], "max_mamba_cache_size": mamba_slots or 0, "dp_size": 1,
-            "retraction_events": sched.retraction_events}
+            "retraction_events": sched.retraction_events, "swa_max_total_num_tokens": c.get("swa", 0)}
     summary = summarize(steps, requests, meta)
     flags = {"page_size": page, "max_total_tokens": c["pool"], "max_running_requests": c["rows"],
              "context_length": c["ctx"], "chunked_prefill_size": 256, "schedule_policy": "fcfs",
@@ -82,6 +86,9 @@ def write_scenario(name: str, out_dir, render=None):
            "memory_plan": {"max_total_num_tokens": c["pool"], "cell_size_bytes": 1152 * (7 if mamba else 27),
                            "req_to_token_rows": c["rows"], "max_running_requests": c["rows"],
                            "kv_size_gib": c["pool"] * 1152 * (7 if mamba else 27) / 2**30}}
+    if swa:
+        run["memory_plan"].update(swa_pool="hybrid", sliding_window=c["window"], full_max_total_num_tokens=c["pool"],
+                                  swa_max_total_num_tokens=c["swa"])
     if mamba:
         run["memory_plan"]["mamba"] = {"max_mamba_cache_size": mamba_slots, "bytes_per_slot": 42 * 2**20}
         run["hybrid_compare"] = hybrid_compare()

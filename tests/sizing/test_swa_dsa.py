@@ -91,9 +91,26 @@ def test_swa_concurrency_counts_the_window_not_the_whole_request():
     assert bytes_per_request(p, 8192) == (8192 * 2048 * 12 + 129 * 2048 * 12)
 
 
-def test_run_refuses_hybrid_swa_models():
-    r = runner.invoke(app, ["run", "--model", "gpt-oss-20b", "--gpu", "h100", "--max-total-tokens", "100000"])
-    assert r.exit_code == 2 and "does not simulate hybrid-SWA models" in r.output
+def test_run_simulates_hybrid_swa_models_on_both_pools(tmp_path):
+    import json
+    from pathlib import Path
+
+    lines = (Path(__file__).parents[2] / "traces/data/default.jsonl").read_text().splitlines()[:4]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["run", str(trace), "--model", "gpt-oss-20b", "--gpu", "h100", "--max-total-tokens",
+                            "100000", "--check", "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output)
+    # --max-total-tokens caps the full pool; the SWA pool is int(100,000 x 0.8) (calculate_pool_sizes_from_max_tokens)
+    assert summary["pools"]["kv"]["capacity"] == 100_000 and summary["pools"]["swa"]["capacity"] == 80_000
+    assert summary["finished"] == 4
+
+
+def test_run_refuses_hybrid_swa_without_the_radix_cache():
+    r = runner.invoke(app, ["run", "--model", "gpt-oss-20b", "--gpu", "h100", "--max-total-tokens", "100000",
+                            "--disable-radix-cache"])
+    assert r.exit_code == 2 and "radix cache on only" in r.output
 
 
 def test_plan_json_reports_both_pools_and_compare_shows_all_full():
