@@ -38,8 +38,7 @@ class Table:
 
     def __init__(self, columns: tuple[str, ...], chunk_rows: int = CHUNK_ROWS, stream: Path | None = None,
                  table_format: str = "csv"):
-        if table_format not in TABLE_FORMATS:
-            raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)}")
+        check_table_format(table_format, needs_writer=stream is not None)
         self.columns = list(columns)
         self.chunk_rows = chunk_rows
         self._buffer: list[tuple] = []
@@ -115,6 +114,20 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts)  # one dtype, or ints and floats: numpy promotes as pandas would
     values = np.concatenate([p.astype(object) for p in parts])  # rare: mixed kinds, inferred as from rows
     return pd.DataFrame(list(zip(values)), columns=["v"])["v"].to_numpy()
+
+
+def check_table_format(table_format: str, needs_writer: bool = True) -> None:
+    """A table format poolsim can write here; ValueError (one line) otherwise, before any work."""
+    if table_format not in TABLE_FORMATS:
+        raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)} "
+                         "(--table-format)")
+    if table_format == "parquet" and needs_writer:
+        try:
+            import pyarrow  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise ValueError("--table-format parquet: needs pyarrow, which is not installed "
+                             "(pip install 'poolsim[parquet]')") from None
 
 
 def write_table(frame: pd.DataFrame, path: Path, table_format: str = "csv") -> None:
