@@ -484,6 +484,8 @@ def run(
 
                 for d, (_, r) in zip(dirs, results):
                     write_run_files(d, None, r.requests, r.summary, r.run, table_format)  # steps: streamed
+                    r.steps = r.requests = None  # on disk now; the report reads them back: one copy at a time
+                for d in dirs:
                     render_report(d)
                 if len(dirs) > 1:
                     render_comparison(dirs, tmp)
