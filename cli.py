@@ -458,7 +458,7 @@ def run(
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
                 calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
-                slo_on=slo_on, table_format=table_format)
+                slo_on=slo_on, table_format=table_format, keep_steps=False)  # the step table goes to disk only
     try:
         check_router(router)
         check_table_format(table_format)
