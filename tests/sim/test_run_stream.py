@@ -107,3 +107,16 @@ def test_a_failed_run_leaves_nothing_in_the_folder_it_was_streaming_into(tmp_pat
     res = runner.invoke(app, ["run", str(trace), *SERVER, "--out", str(out)])
     assert res.exit_code == 2 and "boom" in res.output
     assert sorted(os.listdir(tmp_path)) == ["small.jsonl"]
+
+
+def test_compare_model_streams_each_run_into_its_own_subfolder(tmp_path):
+    trace, out = small_trace(tmp_path), tmp_path / "out"
+    res = runner.invoke(app, ["run", str(trace), *SERVER, "--compare-model", "llama-3.1-70b", "--compare-tp", "4",
+                              "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1] == f"wrote {out}/comparison.html, {out}/primary/ and {out}/compare/"
+    for sub, model in (("primary", "llama-3.1-8b"), ("compare", "llama-3.1-70b")):
+        steps, requests, summary, run = read_run(out / sub)
+        assert run["model"] == model and summary["steps"] == len(steps) > 0 and len(requests) == summary["requests"]
+        assert {"steps.csv", "requests.csv", "report.html"} <= set(listed(out / sub))
+    assert (out / "comparison.html").exists() and sorted(os.listdir(tmp_path)) == ["out", "small.jsonl"]
