@@ -446,43 +446,56 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or both) as one JSON object."),
     slo_p99_s: Optional[float] = typer.Option(None, "--slo-p99-s", help="p99 latency target (s); the verdict checks it."),
     slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
+    table_format: str = typer.Option("csv", "--table-format",
+                                     help="Step and request tables under --out: csv, or parquet (needs pyarrow: "
+                                          "the parquet extra)."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from pools.errors import PoolError
+    from contextlib import nullcontext
+
+    from sim.metrics import check_table_format
     from sim.output import check_out_dir, publish_dir, write_run_files
     from sim.run import check_router
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
                 calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
-                slo_on=slo_on)
+                slo_on=slo_on, table_format=table_format, keep_steps=False)  # the step table goes to disk only
     try:
         check_router(router)
+        check_table_format(table_format)
         out_state = None if out is None else check_out_dir(out)  # before the (long) simulation
         loaded = _load_trace(trace, fmt, skip_bad_lines)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
                 "requests": len(loaded), "skipped_lines": loaded.skipped_lines}
-        results = [("primary", _simulate(loaded, server, opts, info, quiet or as_json, not as_json))]
-        if compare_model:
-            other = dict(server, model=compare_model, tp=compare_tp or server["tp"], max_mamba_cache_size=None)
-            results.append(("compare", _simulate(loaded, other, opts, info, quiet or as_json, not as_json)))
-    except (ValueError, OSError) as e:
+        # With --out, simulate inside the folder being published: the step table streams into it chunk by
+        # chunk (sim.metrics.Table), and a failed or interrupted run leaves nothing behind.
+        with publish_dir(out) if out is not None else nullcontext() as tmp:
+            dirs = [tmp] if not compare_model else [tmp / "primary", tmp / "compare"] if tmp else [None, None]
+            for d in dirs:
+                if d is not None:
+                    d.mkdir(exist_ok=True)
+            results = [("primary", _simulate(loaded, server, dict(opts, stream_dir=dirs[0]), info,
+                                             quiet or as_json, not as_json))]
+            if compare_model:
+                other = dict(server, model=compare_model, tp=compare_tp or server["tp"], max_mamba_cache_size=None)
+                results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
+                                                     quiet or as_json, not as_json)))
+            if tmp is not None:
+                from reports.html import render_comparison, render_report
+
+                for d, (_, r) in zip(dirs, results):
+                    write_run_files(d, None, r.requests, r.summary, r.run, table_format)  # steps: streamed
+                    r.steps = r.requests = None  # on disk now; the report reads them back: one copy at a time
+                for d in dirs:
+                    render_report(d)
+                if len(dirs) > 1:
+                    render_comparison(dirs, tmp)
+    except (ValueError, OSError) as e:  # also: another run took the folder meanwhile
         _fail(e)
     except (RuntimeError, PoolError) as e:  # OutOfMemoryError, MambaCapacityError: SGLang fails loudly here too
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
     labels = [f"{r.run['model']} tp{r.plan.tp_size}" for _, r in results]
-    if out is not None:
-        from reports.html import render_comparison, render_report
-
-        try:
-            with publish_dir(out) as tmp:
-                dirs = [tmp] if len(results) == 1 else [tmp / "primary", tmp / "compare"]
-                for d, (_, r) in zip(dirs, results):
-                    write_run_files(d, r.steps, r.requests, r.summary, r.run)
-                    render_report(d)
-                if len(dirs) > 1:
-                    render_comparison(dirs, tmp)
-        except (ValueError, OSError) as e:  # e.g. another run took the folder meanwhile
-            _fail(e)
     if as_json:
         payload = results[0][1].summary if len(results) == 1 else {lab: r.summary for lab, (_, r) in zip(labels, results)}
         typer.echo(json.dumps(payload, indent=2, default=float))
@@ -951,14 +964,14 @@ def bench(
 def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
     """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
     poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
-    from sim.output import MARKER, RUN_FILES, check_out_dir
+    from sim.output import MARKER, check_out_dir, run_files
 
     if out is None:
         return None
     target, inputs = Path(out).resolve(), [Path(d).resolve() for d in (run_dir, *compare)]
     if target in inputs or ((target / MARKER).is_file() and any(target in d.parents for d in inputs)):
         return None
-    if any((target / f).exists() for f in RUN_FILES):
+    if any(f.exists() for f in run_files(target)):
         raise ValueError(f"{out}: holds another run; name a new folder for the page")
     check_out_dir(out)
     return Path(out)

@@ -1,9 +1,11 @@
 """Benchmark (not a test): peak memory of a long run. Generates a synthetic trace of N requests (poolsim's
 generator: 4-turn chats, short prompts, so many steps per request) and simulates it on Llama-3.1-8B / H100,
 printing CPU seconds, steps, the recorder's share and peak RSS. ``--root`` points at another poolsim checkout
-to measure it the same way (the before/after of the columnar recorder).
+to measure it the same way (the before/after of the columnar recorder). ``--cli DIR``: instead, the whole of
+``poolsim run TRACE --out DIR`` in this process (simulate, tables, summary, HTML report and figures), as a user
+runs it; ``--table-format`` is passed on when given.
 
-    python bench/recorder_rss.py [--requests 200000] [--root DIR] [--out DIR]
+    python bench/recorder_rss.py [--requests 200000] [--root DIR] [--out DIR | --cli DIR [--table-format F]]
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ def main() -> None:
     ap.add_argument("--out", help="also write the run folder's tables here (steps.csv, requests.csv)")
     ap.add_argument("--stream", choices=("csv", "parquet"), help="stream the step table to a temporary folder "
                     "during the run (simulate(stream_dir=...); the columnar recorder only)")
+    ap.add_argument("--cli", metavar="DIR", help="measure `poolsim run TRACE --out DIR` end to end instead")
+    ap.add_argument("--table-format", choices=("csv", "parquet"), help="with --cli: run's --table-format")
     opts = ap.parse_args()
     sys.path.insert(0, opts.root)
+    if opts.cli:
+        return _cli(opts)
     from pools.gpu_catalog import get_gpu
     from pools.model_config import ModelConfig
     from pools.server_args import ServerArgs
@@ -56,6 +62,35 @@ def main() -> None:
     if held:
         print("held by the recorder during the run (the run's rows replayed, tracemalloc): "
               + ", ".join(f"{k} {v:.1f} MiB" for k, v in held.items()))
+
+
+def _cli(opts) -> None:
+    import os
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        _generate(path, opts.requests)
+        cwd = os.getcwd()
+        os.chdir(opts.root)  # the checkout's own bundled files, as its CLI finds them
+        rss0 = _rss_mib()
+        _reset_peak()
+        t0 = time.process_time()
+        fmt = ["--table-format", opts.table_format] if opts.table_format else []
+        res = CliRunner().invoke(app, ["run", str(path), "--model", "llama-3.1-8b", "--gpu", "H100", "--quiet",
+                                       "--out", str(Path(cwd, opts.cli)), *fmt])
+        cpu = time.process_time() - t0
+        rss1 = _peak_mib()
+    if res.exit_code != 0:
+        raise SystemExit(res.output)
+    sizes = ", ".join(f"{f.name} {f.stat().st_size / 2**20:.1f} MiB" for f in sorted(Path(cwd, opts.cli).iterdir())
+                      if f.name.startswith(("steps.", "requests.")))
+    print(f"root {opts.root}; poolsim run --out {opts.cli} {' '.join(fmt)}".rstrip())
+    print(f"{opts.requests:,} requests, {cpu:.1f} s CPU; RSS {rss0:.0f} MiB before the run (trace written), peak "
+          f"{rss1:.0f} MiB for simulate + tables + summary + report; {sizes}")
 
 
 def _recorder_bytes(r) -> dict:

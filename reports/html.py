@@ -35,7 +35,7 @@ from reports.tables import (
     verdict_state,
 )
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
-from sim.output import read_run
+from sim.output import read_run, run_files, table_path
 
 TEMPLATES = Path(__file__).with_name("templates")
 DPI = 100  # PNG pixels per figure inch
@@ -74,17 +74,18 @@ def load_run(run_dir: str | Path) -> Run:
                 json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ReportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    for name in ("steps.csv", "requests.csv"):
-        if (d / name).exists() and (d / name).stat().st_size == 0:
-            raise ReportError(f"{d / name}: empty file")
+    tables = {t: table_path(d, t) for t in ("steps", "requests")}
+    for path in tables.values():
+        if path.exists() and path.stat().st_size == 0:
+            raise ReportError(f"{path}: empty file")
     try:
         steps, requests, summary, run = read_run(d)
     except FileNotFoundError as e:
         raise ReportError(str(e)) from None
     except (ValueError, pd.errors.ParserError) as e:
         raise ReportError(f"{d}: cannot read the run ({str(e).splitlines()[0]})") from None
-    _require_columns(d / "steps.csv", steps, STEP_COLUMNS)
-    _require_columns(d / "requests.csv", requests, REQUEST_COLUMNS + REQUEST_DERIVED)
+    _require_columns(tables["steps"], steps, STEP_COLUMNS)
+    _require_columns(tables["requests"], requests, REQUEST_COLUMNS + REQUEST_DERIVED)
     if not isinstance(summary, dict) or not isinstance(run, dict):
         raise ReportError(f"{d}: summary.json and run.json must each hold a JSON object")
     for key in ("verdict", "pools.kv.capacity", "pools.rows.capacity"):
@@ -209,8 +210,8 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Pat
         title=_title(r.run, r.label), run_label=r.label, state=verdict_state(r.summary),
         verdict=r.summary["verdict"], facts=verdict_facts(r.summary), config=configuration(r.run),
         figures=figures, tables=summary_tables(r.summary), definitions=definitions_for_page(),
-        files=[{"name": f, "href": Path(os.path.relpath(r.dir / f, out)).as_posix()}
-               for f in ("steps.csv", "requests.csv", "summary.json", "run.json") if (r.dir / f).exists()])
+        files=[{"name": f.name, "href": Path(os.path.relpath(f, out)).as_posix()}
+               for f in run_files(r.dir) if f.exists()])
     path = out / "report.html"
     path.write_text(page)
     return path

@@ -39,8 +39,7 @@ class Table:
 
     def __init__(self, columns: tuple[str, ...], chunk_rows: int = CHUNK_ROWS, stream: Path | None = None,
                  table_format: str = "csv"):
-        if table_format not in TABLE_FORMATS:
-            raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)}")
+        check_table_format(table_format, needs_writer=stream is not None)
         self.columns = list(columns)
         self.chunk_rows = chunk_rows
         self._buffer: list[tuple] = []
@@ -86,27 +85,31 @@ class Table:
             self._writer = pq.ParquetWriter(self.stream, table.schema)
         self._writer.write_table(table)
 
-    def frame(self) -> pd.DataFrame:
-        """The whole table; the chunks are released (call once). A streamed file is complete after this."""
+    def frame(self, columns=None) -> pd.DataFrame:
+        """The whole table, or only ``columns`` of it; the chunks are released (call once). A streamed file is
+        complete after this, all columns and rows of it."""
         self._pack()
         chunks, self._chunks = self._chunks, []
-        first_dtypes = [p.dtype for p in chunks[0]] if chunks else None
-        data = {}
+        keep = self.columns if columns is None else [c for c in self.columns if c in set(columns)]
+        stale = self._stale or not chunks  # nothing streamed yet, or a chunk that could not be appended
+        data, dropped = {}, {}
         for i, name in enumerate(self.columns):
             parts = [c[i] for c in chunks]
             for c in chunks:
                 c[i] = None  # free each chunk's column once it is copied out: peak is one table, not two
-            data[name] = _concat(parts)
-        frame = pd.DataFrame(data, columns=self.columns)
+            values = _concat(parts)
+            # A column whose dtype changed after rows were written (an int column that later holds a missing
+            # value reads "12.0" in the whole table, "12" in early chunks): the file is rewritten whole. Compared
+            # on the numpy arrays: pandas shows a text column as "str" however it was streamed.
+            stale = stale or (bool(parts) and values.dtype != parts[0].dtype)
+            (data if name in keep else dropped)[name] = values
         if self.stream is not None:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-            # Rewrite when nothing was streamed, or a column's dtype changed after rows were written (an int
-            # column that later holds a missing value reads "12.0" in the whole table, "12" in early chunks).
-            if self._stale or first_dtypes is None or [frame[c].dtype for c in self.columns] != first_dtypes:
-                write_table(frame, self.stream, self.table_format)
-        return frame
+            if stale:
+                write_table(pd.DataFrame({**data, **dropped}, columns=self.columns), self.stream, self.table_format)
+        return pd.DataFrame(data, columns=keep)
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -116,6 +119,20 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts)  # one dtype, or ints and floats: numpy promotes as pandas would
     values = np.concatenate([p.astype(object) for p in parts])  # rare: mixed kinds, inferred as from rows
     return pd.DataFrame(list(zip(values)), columns=["v"])["v"].to_numpy()
+
+
+def check_table_format(table_format: str, needs_writer: bool = True) -> None:
+    """A table format poolsim can write here; ValueError (one line) otherwise, before any work."""
+    if table_format not in TABLE_FORMATS:
+        raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)} "
+                         "(--table-format)")
+    if table_format == "parquet" and needs_writer:
+        try:
+            import pyarrow  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise ValueError("--table-format parquet: needs pyarrow, which is not installed "
+                             "(pip install 'poolsim[parquet]')") from None
 
 
 def write_table(frame: pd.DataFrame, path: Path, table_format: str = "csv") -> None:
@@ -150,8 +167,8 @@ class Recorder:
         if self.on_done is not None:
             self.on_done(req)
 
-    def step_frame(self) -> pd.DataFrame:
-        return self.steps.frame()
+    def step_frame(self, columns=None) -> pd.DataFrame:
+        return self.steps.frame(columns)
 
     def request_frame(self) -> pd.DataFrame:
         df = self.requests.frame().sort_values("rid", kind="stable")

@@ -1,7 +1,7 @@
 """A run's saved data (what ``poolsim report DIR`` re-renders from), and the rules for every folder poolsim writes.
 
-    DIR/steps.csv      one row per forward step (sim.metrics.STEP_COLUMNS)
-    DIR/requests.csv   one row per request (sim.metrics.REQUEST_COLUMNS + ttft_s, e2e_s, itl_s)
+    DIR/steps.csv      one row per forward step (sim.metrics.STEP_COLUMNS); steps.parquet with --table-format parquet
+    DIR/requests.csv   one row per request (sim.metrics.REQUEST_COLUMNS + ttft_s, e2e_s, itl_s); or requests.parquet
     DIR/summary.json   sim.summary.summarize(...)
     DIR/run.json       what was simulated: model, GPU, server flags, trace, seed, poolsim version
     DIR/.poolsim-run   the marker: poolsim wrote this folder, and these files (one relative path a line)
@@ -30,7 +30,8 @@ import pandas as pd
 
 MARKER = ".poolsim-run"
 MARKER_HEADER = "written by poolsim, which may replace this folder; the files it wrote:\n"
-RUN_FILES = ("steps.csv", "requests.csv", "summary.json", "run.json")
+RUN_FILES = ("steps.csv", "requests.csv", "summary.json", "run.json")  # the default (CSV) run folder
+TABLES = ("steps", "requests")
 
 
 class OutputError(ValueError):
@@ -204,20 +205,26 @@ def _umask() -> int:
     return mask
 
 
-def write_run_files(folder: Path, steps: pd.DataFrame, requests: pd.DataFrame, summary: dict, run: dict) -> None:
+def write_run_files(folder: Path, steps: pd.DataFrame | None, requests: pd.DataFrame, summary: dict, run: dict,
+                    table_format: str = "csv") -> None:
+    """``steps`` None: the step table is already in ``folder`` (streamed there by the run, sim.run.simulate)."""
+    from sim.metrics import write_table
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text(MARKER_HEADER)
-    steps.to_csv(folder / "steps.csv", index=False)
-    requests.to_csv(folder / "requests.csv", index=False)
+    if not (folder / MARKER).is_file():
+        (folder / MARKER).write_text(MARKER_HEADER)
+    if steps is not None:
+        write_table(steps, folder / f"steps.{table_format}", table_format)
+    write_table(requests, folder / f"requests.{table_format}", table_format)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     (folder / "run.json").write_text(json.dumps(run, indent=2, default=str) + "\n")
 
 
 def write_run(out_dir: str | Path, steps: pd.DataFrame, requests: pd.DataFrame, summary: dict, run: dict,
-              extra=None) -> Path:
+              extra=None, table_format: str = "csv") -> Path:
     """Write the run; ``extra(tmp_dir)`` may add files (the report) before the folder is published."""
     with publish_dir(out_dir) as tmp:
-        write_run_files(tmp, steps, requests, summary, run)
+        write_run_files(tmp, steps, requests, summary, run, table_format)
         if extra is not None:
             extra(tmp)
     return Path(out_dir)
@@ -261,12 +268,36 @@ def png_by_poolsim(path: Path) -> bool:
     return head.startswith(b"\x89PNG") and b"Software\x00" + PNG_SOFTWARE.encode() in head
 
 
+def table_path(folder: str | Path, name: str) -> Path:
+    """``folder/name.csv`` or ``folder/name.parquet``: the one the marker lists, else the one that exists (CSV
+    first); the CSV path when neither does."""
+    folder = Path(folder)
+    paths = [folder / f"{name}.{fmt}" for fmt in ("csv", "parquet")]
+    listed = set(_listed(folder)) if (folder / MARKER).is_file() else set()
+    return next((p for p in paths if p.name in listed and p.exists()), None) or \
+        next((p for p in paths if p.exists()), paths[0])
+
+
+def run_files(folder: str | Path) -> list[Path]:
+    """The four files of the run in ``folder`` (each table in the format it was written in)."""
+    return [table_path(folder, t) for t in TABLES] + [Path(folder) / f for f in ("summary.json", "run.json")]
+
+
+def read_table(path: Path, **csv_options) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        try:
+            return pd.read_parquet(path)
+        except ImportError:
+            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'poolsim[parquet]')") from None
+    return pd.read_csv(path, **csv_options)
+
+
 def read_run(out_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
     out = Path(out_dir)
-    missing = [f for f in RUN_FILES if not (out / f).exists()]
+    files = run_files(out)
+    missing = [f.name for f in files if not f.exists()]
     if missing:
         raise FileNotFoundError(f"{out}: not a poolsim run folder (missing {', '.join(missing)})")
-    steps = pd.read_csv(out / "steps.csv")
-    requests = pd.read_csv(out / "requests.csv", keep_default_na=True, dtype={"admission_steps": str,
-                                                                              "cached_tokens": str})
-    return steps, requests, json.loads((out / "summary.json").read_text()), json.loads((out / "run.json").read_text())
+    steps = read_table(files[0])
+    requests = read_table(files[1], keep_default_na=True, dtype={"admission_steps": str, "cached_tokens": str})
+    return steps, requests, json.loads(files[2].read_text()), json.loads(files[3].read_text())

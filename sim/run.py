@@ -24,7 +24,7 @@ from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, SWAConfig, build_server
 from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
                             calibration_source)
-from sim.summary import SLO_METRICS, summarize
+from sim.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
 
@@ -140,7 +140,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              runtime_overhead_gib: float | None = None, check: bool = False,
              progress: Callable | None = None, max_concurrency: int | None = None,
              token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
-             replay=None, stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS) -> RunResult:
+             replay=None, stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS,
+             keep_steps: bool = True) -> RunResult:
     """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
     ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
     ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
@@ -149,7 +150,9 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     pools on ``replay.device`` and a step-time hook ``replay.step_time(clock, servers)`` that measures each step
     and returns the clock's time (the schedule is unchanged); ``replay.mamba_config`` sizes the device state
     tensors. None: the plain simulation. ``stream_dir``: also write the step table there
-    (steps.csv / steps.parquet) chunk by chunk as it runs."""
+    (steps.csv / steps.parquet) chunk by chunk as it runs. ``keep_steps`` False: ``RunResult.steps`` holds only
+    the columns the summary reads (sim.summary.SUMMARY_STEP_COLUMNS; the same values, so the same summary),
+    for a caller that has the whole table on disk."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
     if slo_on not in SLO_METRICS:
@@ -174,7 +177,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
     sim.run(trace)
-    steps, requests = recorder.step_frame(), recorder.request_frame()
+    steps = recorder.step_frame(None if keep_steps else SUMMARY_STEP_COLUMNS)
+    requests = recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
             "swa_max_total_num_tokens": swa.swa_max_total_num_tokens if swa else 0,

@@ -19,6 +19,11 @@ ABORT_CAUSE_WORDS = {
     "never_schedulable": "never admitted: too large for the empty server",
 }
 SLO_METRICS = ("e2e", "ttft")
+# The step columns summarize reads: a run whose step table is on disk keeps only these (sim.run.simulate).
+SUMMARY_STEP_COLUMNS = ("step", "replica", "time_s", "duration_s", "waiting", "prefill_tokens",
+                        "cached_prefill_tokens", "available_size", "evictable_size",
+                        "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted",
+                        "evicted_tokens", "partial_page_tokens", "row_tokens")
 
 
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:

@@ -75,3 +75,30 @@ def test_a_simulation_streams_its_step_table(tmp_path):
 def test_unknown_table_format():
     with pytest.raises(ValueError, match="table format 'xlsx': expected one of csv, parquet"):
         Recorder(table_format="xlsx")
+
+
+def test_a_streamed_step_table_is_not_rewritten_and_a_run_keeps_only_the_summarys_columns(tmp_path, monkeypatch):
+    """The step file is appended chunk by chunk and left as it is (its dtypes never change, text included); a run
+    that keeps only the summary's step columns gives the same summary, number for number."""
+    import json
+
+    import sim.metrics
+    from pools.gpu_catalog import get_gpu
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+    from sim.run import simulate
+    from sim.summary import SUMMARY_STEP_COLUMNS
+    from traces import DEFAULT_TRACE, load_trace
+
+    args = (load_trace(DEFAULT_TRACE), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
+    plain = simulate(*args)
+
+    def no_rewrite(*a, **k):
+        raise AssertionError("the streamed step table was rewritten whole")
+
+    monkeypatch.setattr(sim.metrics, "write_table", no_rewrite)
+    lean = simulate(*args, stream_dir=tmp_path, chunk_rows=100, keep_steps=False)
+    assert (tmp_path / "steps.csv").read_text() == plain.steps.to_csv(index=False)
+    assert list(lean.steps.columns) == [c for c in STEP_COLUMNS if c in SUMMARY_STEP_COLUMNS]
+    pd.testing.assert_frame_equal(lean.steps, plain.steps[list(lean.steps.columns)])
+    assert json.dumps(lean.summary, default=float) == json.dumps(plain.summary, default=float)
