@@ -23,7 +23,8 @@ SLO_METRICS = ("e2e", "ttft")
 SUMMARY_STEP_COLUMNS = ("step", "replica", "time_s", "duration_s", "waiting", "prefill_tokens",
                         "cached_prefill_tokens", "available_size", "evictable_size",
                         "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted",
-                        "evicted_tokens", "partial_page_tokens", "row_tokens")
+                        "evicted_tokens", "partial_page_tokens", "row_tokens", "swa_available_size",
+                        "swa_evictable_size")
 
 
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:
