@@ -10,6 +10,7 @@ import numpy as np
 class BasePrefixCache:
     disable = False
     num_evicted_tokens = 0  # running total, for metrics
+    num_mamba_evicted_tokens = 0  # the part of it evicted to free mamba state slots (evict_mamba)
 
     def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int | None = None):
         self.req_to_token_pool = req_to_token_pool

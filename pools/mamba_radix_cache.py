@@ -152,7 +152,7 @@ class MambaRadixCache(RadixCache):
                     skipped += 1
                     continue
                 if node in self.evictable_leaves:
-                    self._delete_leaf(node)
+                    self.num_mamba_evicted_tokens += self._delete_leaf(node)
                 else:
                     self._release_mamba(node)
                 freed += 1

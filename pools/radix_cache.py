@@ -102,6 +102,7 @@ class RadixCache(BasePrefixCache):
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.num_evicted_tokens = 0  # running total, for metrics
+        self.num_mamba_evicted_tokens = 0
         self.evictable_leaves: set[TreeNode] = set()
         self._leaf_heap: list = []  # (last_access_time, id, node); stale entries are skipped
 

@@ -54,6 +54,7 @@ class ReplicaState:
     gpu_free_at: float = 0.0
     step: int = 0
     evicted_seen: int = 0
+    mamba_evicted_seen: int = 0
 
 
 class Simulation:
@@ -155,7 +156,7 @@ class Simulation:
                 while state.scheduler.has_work() or state.gpu_free_at > self.env.now:
                     yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
                 state.scheduler.flush_cache()
-                state.evicted_seen = 0  # the tree's eviction counter restarts
+                state.evicted_seen = state.mamba_evicted_seen = 0  # the tree's eviction counters restart
         if barrier.max_concurrency != KEEP:
             self.slots = self._slots(barrier.max_concurrency)
         self.barrier_times.append(self.env.now)
@@ -250,6 +251,8 @@ class Simulation:
         mamba = getattr(pool, "mamba_allocator", None)
         evicted = tree.num_evicted_tokens - state.evicted_seen
         state.evicted_seen = tree.num_evicted_tokens
+        mamba_evicted = tree.num_mamba_evicted_tokens - state.mamba_evicted_seen
+        state.mamba_evicted_seen = tree.num_mamba_evicted_tokens
         decode_tokens = len(batch.decoding_reqs or ()) if batch.forward_mode != "decode" else batch.batch_size()
         running = pool.size - pool.available_size()  # requests holding a row: decoding, chunked, finishing
         self.recorder.on_step((
@@ -259,7 +262,7 @@ class Simulation:
             mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(), *self._swa_sizes(sched),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
-            *scheduled,
+            *scheduled, mamba_evicted,
         ))
         sched.step_retracted = 0
         sched.step_aborted = []

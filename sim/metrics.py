@@ -16,7 +16,7 @@ STEP_COLUMNS = (
     "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "swa_available_size",
     "swa_evictable_size", "swa_protected_size", "retracted", "aborted",
     "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
-    "waiting_scheduled", "running_scheduled", "available_size_scheduled",
+    "waiting_scheduled", "running_scheduled", "available_size_scheduled", "mamba_evicted_tokens",
 )
 
 REQUEST_COLUMNS = (

@@ -24,7 +24,7 @@ SUMMARY_STEP_COLUMNS = ("step", "replica", "time_s", "duration_s", "waiting", "p
                         "cached_prefill_tokens", "available_size", "evictable_size",
                         "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "retracted",
                         "evicted_tokens", "partial_page_tokens", "row_tokens", "swa_available_size",
-                        "swa_evictable_size")
+                        "swa_evictable_size", "mamba_evicted_tokens")
 
 
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:
@@ -145,6 +145,11 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["abort_causes"] = {c: int((causes == c).sum()) for c in ABORT_CAUSES}
     evicting = steps["time_s"][steps["evicted_tokens"] > 0] if len(steps) else pd.Series(dtype=float)
     summary["first_eviction_s"] = float(evicting.iloc[0]) if len(evicting) else None
+    # Which pool's shortage evicted: leaves deleted by MambaRadixCache.evict_mamba freed state slots (their KV
+    # went with them); the rest were evicted for KV. A step table from before the column was recorded: unknown.
+    by_mamba = steps["mamba_evicted_tokens"] if "mamba_evicted_tokens" in steps else None
+    summary["mamba_evicted_tokens"] = int(by_mamba.sum()) if by_mamba is not None else None
+    summary["first_mamba_eviction_s"] = _first_time(steps, by_mamba > 0) if by_mamba is not None else None
     slo_on = meta.get("slo_on") or "e2e"
     summary["slo_p99_s"] = meta.get("slo_p99_s")
     summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
@@ -255,8 +260,7 @@ def _pool_story(summary: dict) -> str:
             f"{_n(first['running'], 'running request')} held {first['kv_tokens_held'] / kv['capacity']:.0%} of "
             f"{_tokens(kv['capacity'])} KV tokens.")
     if summary.get("evicted_tokens"):
-        parts.append(f"Evicted {_tokens(summary['evicted_tokens'])} cached prefix tokens to make room, first at "
-                     f"t={summary['first_eviction_s']:.1f} s.")
+        parts.append(_eviction_story(summary))
     binding = summary["binding_pool"]
     name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots",
             "swa": "SWA KV tokens"}.get(binding, "none")
@@ -268,6 +272,26 @@ def _pool_story(summary: dict) -> str:
                      if when is not None else
                      f"{name[0].upper() + name[1:]} bind first: peak {peak:.0%} ({1 - peak:.0%} headroom).")
     return " ".join(parts)
+
+
+def _eviction_story(summary: dict) -> str:
+    """Names the pool whose shortage evicted (reports/METRICS.md, "The verdict"): mamba state slots for the
+    tokens ``evict_mamba`` freed, else KV; on hybrid-SWA runs the step table cannot tell the full pool's
+    shortage from the SWA pool's."""
+    total, first = summary["evicted_tokens"], summary["first_eviction_s"]
+    mamba = summary.get("mamba_evicted_tokens")
+    if mamba is None:
+        return f"Evicted {_tokens(total)} cached prefix tokens to make room, first at t={first:.1f} s."
+    kv_room = "to make room in the KV pools (full or SWA)" if "swa" in summary["pools"] else \
+        "to make room in the KV pool"
+    mamba_room = "to free mamba state slots (a leaf's KV goes with its state)"
+    if not mamba:
+        return f"Evicted {_tokens(total)} cached prefix tokens {kv_room}, first at t={first:.1f} s."
+    if mamba == total:
+        return f"Evicted {_tokens(total)} cached prefix tokens {mamba_room}, first at t={first:.1f} s."
+    return (f"Evicted {_tokens(total)} cached prefix tokens, first at t={first:.1f} s: "
+            f"{_tokens(total - mamba)} {kv_room} and {_tokens(mamba)} {mamba_room}, first at "
+            f"t={summary['first_mamba_eviction_s']:.1f} s.")
 
 
 def _secs(x: float) -> str:

@@ -97,7 +97,7 @@ def test_retractions_are_named_with_when_and_why():
     assert s["first_eviction_s"] == pytest.approx(0.14)
     assert "Retracted 1 request (1 retraction) because the next decode step needed more KV than was free: " \
            "first at t=0.1 s, when 2 running requests held 97% of 33 KV tokens." in s["verdict"]
-    assert "Evicted 17 cached prefix tokens to make room, first at t=0.1 s." in s["verdict"]
+    assert "Evicted 17 cached prefix tokens to make room in the KV pool, first at t=0.1 s." in s["verdict"]
 
 
 def test_llama_70b_tp8_on_the_mooncake_trace_does_not_fit():
@@ -131,3 +131,46 @@ def test_verdict_counts_have_thousands_separators():
     text = verdict(s)
     assert "1,200 of 12,031 requests aborted" in text
     assert "7,795 of 12,031 requests (65%) were unfinished" in text
+
+
+def test_evictions_for_mamba_state_slots_name_that_pool():
+    """no_buffer, 2 state slots, KV pool 1024, plain loop, 0.125 s steps. A (4-token prompt, 2 outputs): its
+    prefill checkpoint forks a slot for node [0, 4); finishing at step 1 it caches 5 tokens and hands its own
+    slot to the new leaf [4, 5): both slots in the tree, none free. B (another 4-token prompt) at t = 1.0 s needs
+    a slot for its row: evict_mamba frees the least recently used state, the internal node's (no KV freed);
+    its prefill checkpoint forks one more: the leaf [4, 5) goes, with its 1 KV token. The KV pool never runs
+    short, so the verdict blames the state slots, not KV."""
+    from pools import MambaCacheParams, MambaStateShape
+    from sim.server import MambaConfig
+
+    params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
+    mamba = MambaConfig(max_mamba_cache_size=2, cache_params=params, strategy="no_buffer")
+    config = SchedulerConfig(page_size=1, max_total_num_tokens=1024, max_running_requests=1, context_len=64,
+                             enable_overlap=False, chunked_prefill_size=None)
+    trace = [TraceReq(0, 0.0, [1, 2, 3, 4], 2), TraceReq(1, 1.0, [11, 12, 13, 14], 2)]
+    steps, reqs, _ = run_sim(trace, config, step=STEP, mamba=mamba)
+    assert steps["evicted_tokens"].tolist() == [0, 0, 1, 0]
+    assert steps["mamba_evicted_tokens"].tolist() == [0, 0, 1, 0]
+    meta = {"max_total_num_tokens": 1024, "max_running_requests": 1, "max_mamba_cache_size": 2, "page_size": 1,
+            "context_len": 64, "dp_size": 1}
+    s = summarize(steps, reqs, meta)
+    assert (s["evicted_tokens"], s["mamba_evicted_tokens"], s["first_mamba_eviction_s"]) == (1, 1, 1.0)
+    assert "Evicted 1 cached prefix tokens to free mamba state slots (a leaf's KV goes with its state), " \
+           "first at t=1.0 s." in s["verdict"]
+
+
+@pytest.mark.parametrize("mamba,swa,sentence", [
+    (0, False, "Evicted 6.0k cached prefix tokens to make room in the KV pool, first at t=2.0 s."),
+    (0, True, "Evicted 6.0k cached prefix tokens to make room in the KV pools (full or SWA), first at t=2.0 s."),
+    (1500, False, "Evicted 6.0k cached prefix tokens, first at t=2.0 s: 4.5k to make room in the KV pool and "
+                  "1.5k to free mamba state slots (a leaf's KV goes with its state), first at t=3.0 s."),
+    (None, False, "Evicted 6.0k cached prefix tokens to make room, first at t=2.0 s."),
+])
+def test_the_eviction_sentence_splits_by_pool(mamba, swa, sentence):
+    """Both parts when both pools evicted; a step table without mamba_evicted_tokens (older runs) names none."""
+    from sim.summary import _eviction_story
+
+    pools = {"kv": {}, **({"swa": {}} if swa else {})}
+    summary = {"evicted_tokens": 6000, "first_eviction_s": 2.0, "mamba_evicted_tokens": mamba,
+               "first_mamba_eviction_s": 3.0 if mamba else None, "pools": pools}
+    assert _eviction_story(summary) == sentence
