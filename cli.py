@@ -456,13 +456,14 @@ def run(
 
     from sim.metrics import check_table_format
     from sim.output import check_out_dir, publish_dir, write_run_files
-    from sim.run import check_router
+    from sim.run import check_router, check_step_time
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
                 calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
                 slo_on=slo_on, table_format=table_format, keep_steps=False)  # the step table goes to disk only
     try:
         check_router(router)
+        check_step_time(step_time, calibration)
         check_table_format(table_format)
         out_state = None if out is None else check_out_dir(out)  # before the (long) simulation
         loaded = _load_trace(trace, fmt, skip_bad_lines)
@@ -935,8 +936,10 @@ def bench(
     """SGLang's bench_serving against the simulated server: its datasets, rates, concurrency and printout."""
     from pools.errors import PoolError
     from sim.bench_serving import BenchConfig, format_result, run_bench
+    from sim.run import check_step_time
 
     try:
+        check_step_time(step_time, calibration)
         rates = _bench_list("--request-rate", request_rate, float)
         limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
         n = max(len(rates), len(limits))

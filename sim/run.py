@@ -206,7 +206,15 @@ def _replay_step(hook, clock):
     return step
 
 
+def check_step_time(spec: str, calibration) -> None:
+    """A calibration file sets the analytic model's coefficients: with a fixed step time it would be ignored."""
+    if calibration and spec.startswith("fixed:"):
+        raise ValueError(f"--calibration {calibration} has no effect with --step-time {spec}: a calibration sets "
+                         f"the analytic model's coefficients; drop one of the two flags")
+
+
 def _step_time(spec: str, model, gpu, plan, calibration, args=None):
+    check_step_time(spec, calibration)
     if spec.startswith("fixed:"):
         try:
             return FixedStepTime(float(spec.split(":", 1)[1]) / 1e3)

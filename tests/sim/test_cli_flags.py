@@ -94,3 +94,16 @@ def test_the_readme_max_total_tokens_example_is_not_clamped():
     res = runner.invoke(app, argv)
     asked = int(re.search(r"--max-total-tokens (\d+)", line)[1])
     assert res.exit_code == 0 and res.stderr == "" and json.loads(res.stdout)["max_total_num_tokens"] == asked
+
+
+@pytest.mark.parametrize("cmd", ["run", "bench"])
+def test_a_calibration_with_a_fixed_step_time_is_rejected_naming_both_flags(cmd, tmp_path):
+    """A calibration sets the analytic model's coefficients; a fixed step time would silently ignore it. Refused
+    before anything runs (the file need not even exist) and nothing is written under --out."""
+    out = tmp_path / "out"
+    extra = ["--out", str(out)] if cmd == "run" else []
+    res = runner.invoke(app, [cmd, *SERVER, "--calibration", "cal.json", "--step-time", "fixed:20", *extra])
+    assert res.exit_code == 2
+    assert res.output == ("error: --calibration cal.json has no effect with --step-time fixed:20: a calibration "
+                          "sets the analytic model's coefficients; drop one of the two flags\n")
+    assert not out.exists()
