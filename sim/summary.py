@@ -284,7 +284,7 @@ def _eviction_story(summary: dict) -> str:
         return f"Evicted {_tokens(total)} cached prefix tokens to make room, first at t={first:.1f} s."
     kv_room = "to make room in the KV pools (full or SWA)" if "swa" in summary["pools"] else \
         "to make room in the KV pool"
-    mamba_room = "to free mamba state slots (a leaf's KV goes with its state)"
+    mamba_room = "to free mamba state slots (the KV of a leaf goes with its state)"
     if not mamba:
         return f"Evicted {_tokens(total)} cached prefix tokens {kv_room}, first at t={first:.1f} s."
     if mamba == total:

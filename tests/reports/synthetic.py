@@ -31,7 +31,7 @@ def big_run(num_steps: int = 100_000, num_requests: int = 20_000, replicas: int 
         "retracted": (rng.random(n) < 0.01).astype(int), "aborted": 0,
         "evicted_tokens": rng.integers(0, 100, n), "new_token_ratio": 0.5, "partial_page_tokens": running * 31,
         "row_tokens": own, "waiting_scheduled": rng.integers(0, 50, n), "running_scheduled": running,
-        "available_size_scheduled": CAPACITY - own - protected - evictable,
+        "available_size_scheduled": CAPACITY - own - protected - evictable, "mamba_evicted_tokens": 0,
     })[list(STEP_COLUMNS)]
     m = num_requests
     arrival = np.sort(rng.uniform(0, time_s[-1] * 0.9, m))

@@ -155,7 +155,7 @@ def test_evictions_for_mamba_state_slots_name_that_pool():
             "context_len": 64, "dp_size": 1}
     s = summarize(steps, reqs, meta)
     assert (s["evicted_tokens"], s["mamba_evicted_tokens"], s["first_mamba_eviction_s"]) == (1, 1, 1.0)
-    assert "Evicted 1 cached prefix tokens to free mamba state slots (a leaf's KV goes with its state), " \
+    assert "Evicted 1 cached prefix tokens to free mamba state slots (the KV of a leaf goes with its state), " \
            "first at t=1.0 s." in s["verdict"]
 
 
@@ -163,7 +163,7 @@ def test_evictions_for_mamba_state_slots_name_that_pool():
     (0, False, "Evicted 6.0k cached prefix tokens to make room in the KV pool, first at t=2.0 s."),
     (0, True, "Evicted 6.0k cached prefix tokens to make room in the KV pools (full or SWA), first at t=2.0 s."),
     (1500, False, "Evicted 6.0k cached prefix tokens, first at t=2.0 s: 4.5k to make room in the KV pool and "
-                  "1.5k to free mamba state slots (a leaf's KV goes with its state), first at t=3.0 s."),
+                  "1.5k to free mamba state slots (the KV of a leaf goes with its state), first at t=3.0 s."),
     (None, False, "Evicted 6.0k cached prefix tokens to make room, first at t=2.0 s."),
 ])
 def test_the_eviction_sentence_splits_by_pool(mamba, swa, sentence):
