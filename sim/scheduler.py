@@ -82,7 +82,9 @@ class Scheduler:
         self.max_req_input_len = self.max_req_len - 5
         self.step_retracted = 0
         self.step_aborted: list = []
-        self.retraction_events: list[tuple] = []  # (time_s, running requests, KV tokens held) at each retraction
+        # (time_s, running requests, KV tokens held) at each retraction; on two pools (hybrid SWA) also the pool
+        # that ran short ("kv" the full one, or "swa") and the SWA KV tokens held
+        self.retraction_events: list[tuple] = []
         self.now = 0.0
 
     # ---------------------------------------------------------------- intake
@@ -255,7 +257,14 @@ class Scheduler:
             swa = self.tree_cache.supports_swa()
             free = self.allocator.full_available_size() if swa else self.allocator.available_size()
             held = self.config.max_total_num_tokens - free - self.tree_cache.evictable_size()
-            self.retraction_events.append((self.now, batch.batch_size(), held))
+            if swa:  # the pool that ran short (check_decode_mem asked min(full, SWA) free after evicting both)
+                need = batch.new_tokens_required_next_decode()
+                short_pool = "kv" if self.allocator.full_available_size() < need else "swa"
+                swa_held = self.allocator.size_swa - self.allocator.swa_available_size() - \
+                    self.tree_cache.swa_evictable_size()
+                self.retraction_events.append((self.now, batch.batch_size(), held, short_pool, swa_held))
+            else:
+                self.retraction_events.append((self.now, batch.batch_size(), held))
             retracted, ratio, aborted = batch.retract_decode()
             self.new_token_ratio.current = ratio
             self.step_retracted += len(retracted)

@@ -69,13 +69,21 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     prefill = int(steps["prefill_tokens"].sum()) if len(steps) else 0
     cached = int(steps["cached_prefill_tokens"].sum()) if len(steps) else 0
 
+    events = sorted(meta.get("retraction_events", []))
+    cap_swa = meta.get("swa_max_total_num_tokens") or 0
+    if cap_swa:  # two pools: a retraction counts against the one that ran short (its event says which)
+        kv_short = _first_time(steps, steps["available_size"] + steps["evictable_size"] < meta["page_size"]) \
+            if len(steps) else None
+        kv_exhausted = _earliest(kv_short, _first_event(events, "kv"))
+    else:
+        kv_exhausted = _first_time(steps, (steps["retracted"] > 0) | (
+            steps["available_size"] + steps["evictable_size"] < meta["page_size"])) if len(steps) else None
     pools = {
         "kv": {
             "capacity": cap_kv,
             "peak_used_frac": float(kv_used.max()) if len(kv_used) else 0.0,
             "mean_used_frac": _time_weighted_mean(kv_used, dur) if len(kv_used) else 0.0,
-            "first_exhausted_s": _first_time(steps, (steps["retracted"] > 0) | (
-                steps["available_size"] + steps["evictable_size"] < meta["page_size"])) if len(steps) else None,
+            "first_exhausted_s": kv_exhausted,
         },
         "rows": {
             "capacity": cap_rows,
@@ -94,15 +102,15 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
             if len(steps) else None,
             "mean_idle_slots": _time_weighted_mean(steps["mamba_free_slots"], dur) if len(steps) else 0.0,
         }
-    cap_swa = meta.get("swa_max_total_num_tokens") or 0
     if cap_swa:
         swa_used = (cap_swa - steps["swa_available_size"] - steps["swa_evictable_size"]) / cap_swa
         pools["swa"] = {
             "capacity": cap_swa,
             "peak_used_frac": float(swa_used.max()) if len(steps) else 0.0,
             "mean_used_frac": _time_weighted_mean(swa_used, dur) if len(steps) else 0.0,
-            "first_exhausted_s": _first_time(steps, steps["swa_available_size"] + steps["swa_evictable_size"]
-                                             < meta["page_size"]) if len(steps) else None,
+            "first_exhausted_s": _earliest(
+                _first_time(steps, steps["swa_available_size"] + steps["swa_evictable_size"] < meta["page_size"])
+                if len(steps) else None, _first_event(events, "swa")),
         }
     exhausted = [(p["first_exhausted_s"], name) for name, p in pools.items() if p["first_exhausted_s"] is not None]
     if exhausted:
@@ -154,13 +162,32 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["slo_p99_s"] = meta.get("slo_p99_s")
     summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
     summary["slo_observed_p99_s"] = summary[f"{slo_on}_s"]["p99"] if meta.get("slo_p99_s") is not None else None
-    events = sorted(meta.get("retraction_events", []))
-    summary["first_retraction"] = (
-        {"time_s": float(events[0][0]), "running": int(events[0][1]), "kv_tokens_held": int(events[0][2])}
-        if events else None)
+    summary["first_retraction"] = _first_retraction(events[0]) if events else None
     summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)
     return summary
+
+
+def _event_pool(event: tuple) -> str:
+    return event[3] if len(event) > 3 else "kv"  # one pool: always the KV pool
+
+
+def _first_event(events: list, pool: str) -> float | None:
+    return next((float(e[0]) for e in events if _event_pool(e) == pool), None)
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+def _first_retraction(event: tuple) -> dict:
+    """``kv_tokens_held``: the tokens held then in the pool that ran short (the SWA pool's when it was that one);
+    ``pool`` only on two-pool (hybrid SWA) runs, whose events name it."""
+    first = {"time_s": float(event[0]), "running": int(event[1]), "kv_tokens_held": int(event[2])}
+    if len(event) > 3:
+        first.update(kv_tokens_held=int(event[4] if event[3] == "swa" else event[2]), pool=event[3])
+    return first
 
 
 def _keep_up(steps: pd.DataFrame, requests: pd.DataFrame, done: pd.DataFrame) -> dict:
@@ -250,15 +277,17 @@ def verdict(summary: dict) -> str:
 
 
 def _pool_story(summary: dict) -> str:
-    kv = summary["pools"]["kv"]
     parts = []
     first = summary.get("first_retraction")
     if summary["retractions"] and first:
+        pool = "swa" if first.get("pool") == "swa" and "swa" in summary["pools"] else "kv"
+        kind = "SWA KV" if pool == "swa" else "KV"
+        cap = summary["pools"][pool]["capacity"]
         parts.append(
             f"Retracted {_n(summary['retracted_requests'], 'request')} ({_n(summary['retractions'], 'retraction')}) "
-            f"because the next decode step needed more KV than was free: first at t={first['time_s']:.1f} s, when "
-            f"{_n(first['running'], 'running request')} held {first['kv_tokens_held'] / kv['capacity']:.0%} of "
-            f"{_tokens(kv['capacity'])} KV tokens.")
+            f"because the next decode step needed more {kind} than was free: first at t={first['time_s']:.1f} s, "
+            f"when {_n(first['running'], 'running request')} held {first['kv_tokens_held'] / cap:.0%} of "
+            f"{_tokens(cap)} {kind} tokens.")
     if summary.get("evicted_tokens"):
         parts.append(_eviction_story(summary))
     binding = summary["binding_pool"]

@@ -116,8 +116,9 @@ def test_summary_csv_holds_every_summary_number(run_dirs, tmp_path):
     assert float(rows["ttft_s.p99"]["value"]) == summary["ttft_s"]["p99"]
     assert rows["binding_pool"]["value"] == summary["binding_pool"]
     # nothing retracted: the fields are there, empty
-    assert [rows[f"first_retraction.{k}"]["value"] for k in ("time_s", "running", "kv_tokens_held")] == ["", "", ""]
-    assert len(rows) == len(tables.flatten(summary)) - 1 + 3
+    fields = ("time_s", "running", "kv_tokens_held", "pool")
+    assert [rows[f"first_retraction.{k}"]["value"] for k in fields] == ["", "", "", ""]
+    assert len(rows) == len(tables.flatten(summary)) - 1 + 4
 
 
 def test_optional_run_json_keys_may_be_missing(run_dirs, tmp_path):

@@ -5,6 +5,7 @@ import pytest
 
 from sim.scheduler import SchedulerConfig
 from sim.server import SWAConfig, build_server
+from sim.summary import summarize
 from sim.swa_prefill_adder import estimate_swa_kv_tokens
 from tests.helpers import TraceReq, run_sim
 
@@ -66,3 +67,29 @@ def test_a_prompt_that_never_fits_the_swa_pool_whole_is_chunked_to_fit():
     extends = steps[steps["kind"] == "extend"]
     assert list(extends["prefill_tokens"]) == [55, 45]
     assert list(reqs["output_len"]) == [30]
+
+
+def test_a_decode_retraction_the_swa_pool_forced_is_attributed_to_the_swa_pool():
+    # Two 10-token prompts + 30 outputs, window 8, SWA pool 50, full pool 256, plain loop, 10 ms steps. Each
+    # reserves 2 + min(40, 8) + 1 = 11 < 50 SWA: both prefill at step 0 (20 tokens). The window release needs
+    # 128 tokens out of the window, so it never runs; each decode step takes 2 slots of each pool. SWA: 50 - 20 =
+    # 30 free after the prefill, and the checkpoint of each prompt leaves 1 token a tombstone (evictable); step k
+    # takes 2 more, so after step 17 SWA free + evictable = 30 + 2 - 2 * 16 = 0 (t = 0.17). Scheduling step 18
+    # (t = 0.18) needs 2 slots: the full pool has 256 - 20 - 2 * 17 = 202 free, the SWA pool none: the one
+    # retraction is the SWA pool's, when the 2 running requests held all 50 SWA tokens (54 full ones).
+    cfg = SchedulerConfig(page_size=1, max_total_num_tokens=256, max_running_requests=4, context_len=1024,
+                          enable_overlap=False)
+    trace = [TraceReq(0, 0.0, range(1, 11), 30), TraceReq(1, 0.0, range(101, 111), 30)]
+    steps, reqs, sched = run_sim(trace, cfg, swa=SWAConfig(swa_max_total_num_tokens=50, sliding_window_size=8))
+    meta = {"max_total_num_tokens": 256, "max_running_requests": 4, "page_size": 1, "context_len": 1024,
+            "dp_size": 1, "retraction_events": sched.retraction_events, "swa_max_total_num_tokens": 50}
+    s = summarize(steps, reqs, meta)
+    assert s["retractions"] == 1 and list(reqs["output_len"]) == [30, 30]
+    assert s["pools"]["kv"]["first_exhausted_s"] is None  # the full pool never ran short
+    assert s["pools"]["swa"]["first_exhausted_s"] == pytest.approx(0.17)
+    assert s["binding_pool"] == "swa"
+    assert s["first_retraction"] == {"time_s": pytest.approx(0.18), "running": 2, "kv_tokens_held": 50,
+                                     "pool": "swa"}
+    assert "because the next decode step needed more SWA KV than was free: first at t=0.2 s, when 2 running " \
+           "requests held 100% of 50 SWA KV tokens." in s["verdict"]
+    assert "SWA KV tokens bind first: ran out at t=0.2 s, peak 100%." in s["verdict"]
