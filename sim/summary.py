@@ -27,6 +27,14 @@ SUMMARY_STEP_COLUMNS = ("step", "replica", "time_s", "duration_s", "waiting", "p
                         "swa_evictable_size", "mamba_evicted_tokens")
 
 
+def _pool_usage(capacity: int, used: pd.Series, dur: pd.Series, first_exhausted_s) -> dict:
+    """One pool's entry in ``pools``: capacity, peak and time-weighted mean used fraction, first exhaustion."""
+    return {"capacity": capacity,
+            "peak_used_frac": float(used.max()) if len(used) else 0.0,
+            "mean_used_frac": _time_weighted_mean(used, dur) if len(used) else 0.0,
+            "first_exhausted_s": first_exhausted_s}
+
+
 def _time_weighted_mean(values: pd.Series, durations: pd.Series) -> float:
     total = float(durations.sum())
     return float((values * durations).sum() / total) if total > 0 else 0.0
@@ -79,39 +87,22 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
         kv_exhausted = _first_time(steps, (steps["retracted"] > 0) | (
             steps["available_size"] + steps["evictable_size"] < meta["page_size"])) if len(steps) else None
     pools = {
-        "kv": {
-            "capacity": cap_kv,
-            "peak_used_frac": float(kv_used.max()) if len(kv_used) else 0.0,
-            "mean_used_frac": _time_weighted_mean(kv_used, dur) if len(kv_used) else 0.0,
-            "first_exhausted_s": kv_exhausted,
-        },
-        "rows": {
-            "capacity": cap_rows,
-            "peak_used_frac": float(rows_used.max()) if len(rows_used) else 0.0,
-            "mean_used_frac": _time_weighted_mean(rows_used, dur) if len(rows_used) else 0.0,
-            "first_exhausted_s": _first_time(steps, steps["free_req_rows"] == 0) if len(steps) else None,
-        },
+        "kv": _pool_usage(cap_kv, kv_used, dur, kv_exhausted),
+        "rows": _pool_usage(cap_rows, rows_used, dur,
+                            _first_time(steps, steps["free_req_rows"] == 0) if len(steps) else None),
     }
     if cap_mamba:
         mamba_used = (cap_mamba - steps["mamba_free_slots"] - steps["mamba_evictable_states"]) / cap_mamba
-        pools["mamba"] = {
-            "capacity": cap_mamba,
-            "peak_used_frac": float(mamba_used.max()) if len(steps) else 0.0,
-            "mean_used_frac": _time_weighted_mean(mamba_used, dur) if len(steps) else 0.0,
-            "first_exhausted_s": _first_time(steps, steps["mamba_free_slots"] + steps["mamba_evictable_states"] == 0)
-            if len(steps) else None,
-            "mean_idle_slots": _time_weighted_mean(steps["mamba_free_slots"], dur) if len(steps) else 0.0,
-        }
+        pools["mamba"] = _pool_usage(
+            cap_mamba, mamba_used, dur,
+            _first_time(steps, steps["mamba_free_slots"] + steps["mamba_evictable_states"] == 0)
+            if len(steps) else None)
+        pools["mamba"]["mean_idle_slots"] = _time_weighted_mean(steps["mamba_free_slots"], dur) if len(steps) else 0.0
     if cap_swa:
         swa_used = (cap_swa - steps["swa_available_size"] - steps["swa_evictable_size"]) / cap_swa
-        pools["swa"] = {
-            "capacity": cap_swa,
-            "peak_used_frac": float(swa_used.max()) if len(steps) else 0.0,
-            "mean_used_frac": _time_weighted_mean(swa_used, dur) if len(steps) else 0.0,
-            "first_exhausted_s": _earliest(
-                _first_time(steps, steps["swa_available_size"] + steps["swa_evictable_size"] < meta["page_size"])
-                if len(steps) else None, _first_event(events, "swa")),
-        }
+        pools["swa"] = _pool_usage(cap_swa, swa_used, dur, _earliest(
+            _first_time(steps, steps["swa_available_size"] + steps["swa_evictable_size"] < meta["page_size"])
+            if len(steps) else None, _first_event(events, "swa")))
     exhausted = [(p["first_exhausted_s"], name) for name, p in pools.items() if p["first_exhausted_s"] is not None]
     if exhausted:
         binding = min(exhausted)[1]

@@ -108,3 +108,12 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
                      check_every_step=check)
     sim.run(trace)
     return rec.step_frame(), rec.request_frame(), sched
+
+
+def small_trace(tmp_path, seconds: float = 20.0):
+    """The bundled trace's first ``seconds``, written to a file for the CLI."""
+    from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+
+    path = tmp_path / "small.jsonl"
+    write_trace(slice_trace(load_trace(DEFAULT_TRACE), 0, seconds), path)
+    return path

@@ -7,16 +7,12 @@ from typer.testing import CliRunner
 
 import cli
 from cli import app
-from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+from traces import load_trace
+
+from tests.helpers import small_trace
 
 runner = CliRunner()
 SERVER = ["--model", "llama-3.1-8b", "--gpu", "H100"]
-
-
-def small_trace(tmp_path):
-    path = tmp_path / "small.jsonl"
-    write_trace(slice_trace(load_trace(DEFAULT_TRACE), 0, 20), path)
-    return path
 
 
 def one_error_line(res, text):

@@ -5,15 +5,13 @@ import json
 from typer.testing import CliRunner
 
 from cli import app
-from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+from tests import helpers
 
 runner = CliRunner()
 
 
 def small_trace(tmp_path):
-    path = tmp_path / "small.jsonl"
-    write_trace(slice_trace(load_trace(DEFAULT_TRACE), 0, 60), path)
-    return path
+    return helpers.small_trace(tmp_path, 60)
 
 
 def test_run_json_has_the_summary(tmp_path):
