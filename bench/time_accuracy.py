@@ -31,6 +31,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -294,7 +295,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     opts = ap.parse_args()
     cases, skipped = load_cases(opts.data)
-    print(f"{len(cases)} published runs replayed from {opts.data.relative_to(ROOT)}; {len(skipped)} skipped:")
+    # --data may be relative to the working directory or lie outside the repository
+    shown = os.path.relpath(opts.data.resolve(), ROOT) if opts.data.resolve().is_relative_to(ROOT) else opts.data
+    print(f"{len(cases)} published runs replayed from {shown}; {len(skipped)} skipped:")
     for cid, why in skipped:
         print(f"  skip {cid}: {why}")
     k = Coefficients()
