@@ -90,6 +90,7 @@ SERVER_FLAGS = {"--max-running-requests": ("max_running_requests", int),
                 "--max-prefill-tokens": ("max_prefill_tokens", int),
                 "--mem-fraction-static": ("mem_fraction_static", float),
                 "--attention-backend": ("attention_backend", str),
+                "--kv-cache-dtype": ("kv_cache_dtype", str),
                 "--disable-radix-cache": ("disable_radix_cache", None)}
 
 
