@@ -1,17 +1,24 @@
 """extend_attention and conv1d_prefill: the prefill ops the device replay runs, checked by hand and against the
 decode ops applied one token at a time."""
 
+import pytest
 import torch
 
 import kernels
-from kernels.ops.conv1d_prefill.naive import conv1d_prefill
+from kernels.ops.conv1d_prefill import naive as conv_naive
 from kernels.ops.conv1d_update.naive import conv1d_update
 from kernels.ops.decode_attention.naive import decode_attention
 from kernels.ops.extend_attention.naive import extend_attention
-from tests.kernels.utils import DEVICE
+from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 
-def test_conv1d_prefill_hand():
+def _conv_impl(impl):
+    return conv_naive if impl == "naive" else fused("conv1d_prefill")
+
+
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_conv1d_prefill_hand(impl):
+    conv1d_prefill = _conv_impl(impl).conv1d_prefill
     # width 2, weight [0.5, 1.0], state [2], tokens [1, 3], no bias, no activation:
     #   y0 = 0.5*2 + 1*1 = 2.0;  y1 = 0.5*1 + 1*3 = 3.5;  state <- [3]
     state = torch.tensor([[[0.0]], [[2.0]]], device=DEVICE)
@@ -26,7 +33,8 @@ def test_conv1d_prefill_hand():
     assert y.flatten().tolist() == [1.0, 3.5]
 
 
-def test_conv1d_prefill_equals_token_by_token_updates():
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_conv1d_prefill_equals_token_by_token_updates(impl):
     torch.manual_seed(0)
     dim, width, lens, slots = 6, 4, [5, 1, 3], [3, -1, 1]
     x = torch.randn(sum(lens), dim, device=DEVICE)
@@ -34,18 +42,48 @@ def test_conv1d_prefill_equals_token_by_token_updates():
     state = torch.randn(5, dim, width - 1, device=DEVICE)
     ref_state = state.clone()
     cu = torch.tensor([0, 5, 6, 9], device=DEVICE)
-    y = kernels.conv1d_prefill(x, state, weight, bias, torch.tensor(slots, device=DEVICE), cu)
-    pad = torch.zeros(1, dim, width - 1, device=DEVICE)
+    y = _conv_impl(impl).conv1d_prefill(x, state, weight, bias, torch.tensor(slots, device=DEVICE), cu)
     start = 0
     for n, s in zip(lens, slots):
         for t in range(start, start + n):
-            if s >= 0:
+            if s >= 0:  # padding (slot -1): SGLang leaves the rows unwritten, so they are not compared
                 want = conv1d_update(x[t:t + 1], ref_state, weight, bias, torch.tensor([s], device=DEVICE))
-            else:  # padding: every token of the sequence sees only the tokens before it, from zeros
-                want = conv1d_update(x[t:t + 1], pad, weight, bias, torch.tensor([0], device=DEVICE))
-            torch.testing.assert_close(y[t], want[0], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(y[t], want[0], rtol=1e-5, atol=1e-5)
         start += n
     torch.testing.assert_close(state, ref_state)  # slot 0, 2, 4 untouched; 1 and 3 hold the last W-1 inputs
+
+
+CONV_CASES = [  # (lens, dim, width, bias, activation, has_init, state dtype)
+    ([40, 1, 2, 17], 130, 4, True, "silu", [True, False, True, True], torch.float32),
+    ([3, 33], 24, 5, False, None, None, torch.float32),
+    ([1, 0, 20], 96, 2, True, "silu", [False, True, True], torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("lens,dim,width,bias,activation,has_init,state_dtype", CONV_CASES,
+                         ids=["W4-multiblock", "W5-linear", "W2-bf16-empty-seq"])
+def test_conv1d_prefill_fused_matches_reference(lens, dim, width, bias, activation, has_init, state_dtype):
+    """Several token and channel blocks, sequences shorter than the window (the new state keeps part of the old),
+    a zero-length sequence, no initial state, a padded slot, SGLang's transposed pool view ``[slots, dim, W-1]``."""
+    torch.manual_seed(3)
+    n = len(lens)
+    pool = poison_(torch.empty(n + 4, width - 1, dim, device=DEVICE, dtype=state_dtype))  # the pool's own layout
+    slots = (torch.randperm(n + 3)[:n] + 1).to(DEVICE)
+    slots[-2] = -1
+    live = slots[slots >= 0]
+    pool[live] = randn(len(live), width - 1, dim, dtype=state_dtype)
+    before, ref_pool = pool.clone(), pool.clone()
+    x = randn(sum(lens), dim)
+    weight, b = randn(dim, width), randn(dim) if bias else None
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEVICE)
+    init = torch.tensor(has_init, device=DEVICE) if has_init is not None else None
+    ref = conv_naive.conv1d_prefill(x, ref_pool.transpose(-1, -2), weight, b, slots, cu, init, activation)
+    out = fused("conv1d_prefill").conv1d_prefill(x, pool.transpose(-1, -2), weight, b, slots, cu, init, activation)
+    rows = torch.cat([torch.full((n_,), bool(s >= 0)) for n_, s in zip(lens, slots.tolist())]).to(DEVICE)
+    assert_close("y", ref[rows], out[rows], 1e-5)
+    # a bf16 state is one rounding of the same fp32 value (the interpreter may round differently from torch)
+    assert_close("state", ref_pool[live].float(), pool[live].float(), 1e-6 if state_dtype == torch.float32 else 1e-2)
+    assert_rows_untouched("pool", before, pool, live.tolist())
 
 
 def test_extend_attention_equals_decode_per_token():
@@ -69,8 +107,6 @@ def test_extend_attention_equals_decode_per_token():
 
 
 def test_extend_attention_rejects_a_short_q():
-    import pytest
-
     buf = torch.zeros(8, 1, 4)
     with pytest.raises(ValueError, match="extends 3"):
         extend_attention(torch.zeros(2, 1, 4), buf, buf, torch.zeros(2, 8, dtype=torch.int32), torch.tensor([1]),
