@@ -17,7 +17,6 @@ import os
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FLA = importlib.util.find_spec("fla") is not None
 BACKENDS = ("auto", "naive", "fused")
-REFERENCE_ONLY = ("extend_attention",)  # no Triton version yet: always the torch reference
 
 _backend = os.environ.get("POOLSIM_KERNELS", "auto")
 if _backend not in BACKENDS:
@@ -44,8 +43,6 @@ def use_backend(name: str):
 
 def implementation(op: str, tensor) -> str:
     """The backend ``op`` runs with for data on ``tensor``'s device."""
-    if op in REFERENCE_ONLY:
-        return "naive"
     if _backend != "auto":
         return _backend
     fused_ok = HAS_TRITON and (HAS_FLA or op != "kda_prefill")
@@ -98,10 +95,11 @@ def kda_prefill(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seql
                                  has_initial_state, scale, chunk_size)
 
 
-def extend_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale=None):
-    """See ``kernels.ops.extend_attention.naive.extend_attention`` (torch reference only for now)."""
+def extend_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale=None,
+                     kv_dtype=None):
+    """See ``kernels.ops.extend_attention.fused.extend_attention`` (fp8: uint8 buffers with ``kv_dtype``)."""
     return _op("extend_attention", q)(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
-                                      extend_lens, sm_scale)
+                                      extend_lens, sm_scale, kv_dtype)
 
 
 def conv1d_prefill(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state=None, activation="silu"):

@@ -8,7 +8,7 @@ import kernels
 from kernels.ops.conv1d_prefill import naive as conv_naive
 from kernels.ops.conv1d_update.naive import conv1d_update
 from kernels.ops.decode_attention.naive import decode_attention
-from kernels.ops.extend_attention.naive import extend_attention
+from kernels.ops.extend_attention import naive as extend_naive
 from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 
@@ -86,7 +86,9 @@ def test_conv1d_prefill_fused_matches_reference(lens, dim, width, bias, activati
     assert_rows_untouched("pool", before, pool, live.tolist())
 
 
-def test_extend_attention_equals_decode_per_token():
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_extend_attention_equals_decode_per_token(impl):
+    extend_attention = extend_naive.extend_attention if impl == "naive" else fused("extend_attention").extend_attention
     torch.manual_seed(1)
     rows, hkv, group, dk, dv = 40, 2, 2, 8, 8
     k_buf, v_buf = torch.randn(rows, hkv, dk, device=DEVICE), torch.randn(rows, hkv, dv, device=DEVICE)
@@ -95,8 +97,8 @@ def test_extend_attention_equals_decode_per_token():
     req_to_token[3, :4] = torch.randperm(rows - 1)[:4].int() + 1
     pool_idx, prefix, extend = [3, 1], [0, 6], [4, 3]
     q = torch.randn(sum(extend), hkv * group, dk, device=DEVICE)
-    o = kernels.extend_attention(q, k_buf, v_buf, req_to_token, torch.tensor(pool_idx, device=DEVICE),
-                                 torch.tensor(prefix, device=DEVICE), torch.tensor(extend, device=DEVICE))
+    o = extend_attention(q, k_buf, v_buf, req_to_token, torch.tensor(pool_idx, device=DEVICE),
+                         torch.tensor(prefix, device=DEVICE), torch.tensor(extend, device=DEVICE))
     t = 0
     for row, p, e in zip(pool_idx, prefix, extend):
         for j in range(e):  # token j of the new part sees p + j + 1 keys
@@ -106,8 +108,47 @@ def test_extend_attention_equals_decode_per_token():
             t += 1
 
 
+EXTEND_CASES = [  # name, Hq, Hkv, DK, DV, prefix_lens, extend_lens, dtype, kv_dtype
+    ("GQA-prefix", 4, 2, 16, 16, [0, 21, 5], [37, 3, 0], torch.float32, None),
+    ("MHA-fp16", 2, 2, 24, 40, [40, 0], [18, 1], torch.float16, None),
+    ("MLA-like", 3, 1, 48, 32, [7], [20], torch.float32, None),
+    ("GQA-fp8", 4, 1, 16, 16, [9, 0], [17, 4], torch.float32, torch.float8_e4m3fn),
+]
+
+
+@pytest.mark.parametrize("case", EXTEND_CASES, ids=[c[0] for c in EXTEND_CASES])
+def test_extend_attention_fused_matches_reference(case):
+    """Several query blocks per request, a prefix longer than a key block, an empty extend, DK off a power of two
+    (MLA's latent + rope split into two dot products), V narrower/wider than K, an fp8 cache in uint8 buffers."""
+    _, hq, hkv, dk, dv, prefix, extend, dtype, kv_dtype = case
+    torch.manual_seed(4)
+    n, rows = len(prefix), sum(prefix) + sum(extend) + 6
+    store = torch.uint8 if kv_dtype is not None else dtype
+    k_buf = poison_(torch.empty(rows, hkv, dk, dtype=store, device=DEVICE))  # rows no request uses stay poisoned
+    v_buf = poison_(torch.empty(rows, hkv, dv, dtype=store, device=DEVICE))
+    table = poison_(torch.empty(n + 2, 64, dtype=torch.int32, device=DEVICE))
+    pool_idx = (torch.randperm(n + 1)[:n] + 1).to(DEVICE)
+    slots = (torch.randperm(rows - 1) + 1).to(DEVICE)
+    used = 0
+    for r, p, e in zip(pool_idx.tolist(), prefix, extend):
+        table[r, :p + e] = slots[used:used + p + e].int()
+        used += p + e
+    live = slots[:used]
+    k_new, v_new = randn(used, hkv, dk), randn(used, hkv, dv)
+    if kv_dtype is not None:
+        k_buf[live], v_buf[live] = k_new.to(kv_dtype).view(torch.uint8), v_new.to(kv_dtype).view(torch.uint8)
+    else:
+        k_buf[live], v_buf[live] = k_new.to(dtype), v_new.to(dtype)
+    q = randn(sum(extend), hq, dk, dtype=dtype)
+    args = (q, k_buf, v_buf, table, pool_idx, torch.tensor(prefix, device=DEVICE), torch.tensor(extend, device=DEVICE))
+    ref = extend_naive.extend_attention(*args, kv_dtype=kv_dtype)
+    out = fused("extend_attention").extend_attention(*args, kv_dtype=kv_dtype)
+    assert out.dtype == dtype and out.shape == (sum(extend), hq, dv)
+    assert_close("o", ref.float(), out.float(), 1e-5 if dtype == torch.float32 else 2e-3)
+
+
 def test_extend_attention_rejects_a_short_q():
     buf = torch.zeros(8, 1, 4)
     with pytest.raises(ValueError, match="extends 3"):
-        extend_attention(torch.zeros(2, 1, 4), buf, buf, torch.zeros(2, 8, dtype=torch.int32), torch.tensor([1]),
-                         torch.tensor([0]), torch.tensor([3]))
+        extend_naive.extend_attention(torch.zeros(2, 1, 4), buf, buf, torch.zeros(2, 8, dtype=torch.int32),
+                                      torch.tensor([1]), torch.tensor([0]), torch.tensor([3]))

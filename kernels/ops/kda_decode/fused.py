@@ -106,8 +106,8 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     q, k ``[N, H, K]`` (L2-normalised in the kernel; q scaled by ``scale``, default K^-1/2); v ``[N, HV, V]``;
     a ``[N, HV*K]`` raw gate, ``g = -exp(A_log[h]) * softplus(a + dt_bias[h, :])`` (threshold 20);
     b ``[N, HV]`` raw beta logits (``beta = sigmoid(b)``); A_log ``[HV]``; dt_bias ``[HV*K]``;
-    ssm_states ``[slots, HV, V, K]`` fp32 (or bf16/fp16); slot_indices ``[N]``, a slot < 0 (padding) outputs zeros and its
-    state is neither read nor written. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
+    ssm_states ``[slots, HV, V, K]`` fp32 (or bf16/fp16); slot_indices ``[N]``, a slot < 0 (padding) outputs zeros
+    and its state is neither read nor written. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
     """
     n, _, kd, _, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_slots(slot_indices, n, ssm_states.shape[0])
