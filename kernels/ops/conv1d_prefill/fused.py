@@ -4,8 +4,8 @@ Grid ``(N, cdiv(max_len, BLOCK_T), cdiv(dim, BLOCK_D))``: a program convolves a 
 sequence's tokens; input position ``s = t - (W-1) + j`` reads ``x`` where ``s >= 0`` and the slot's conv state
 before it (zeros without an initial state). ``BLOCK_T >= W-1``, so only the first token block reads the state; that
 block also writes the new state (the last W-1 inputs) after a barrier, as SGLang's chunk 0 program does, so no
-other program can read a state already overwritten. A slot < 0 (padding) returns at once: output rows unwritten,
-state untouched (SGLang: mamba/causal_conv1d_triton.py:119-123).
+other program can read a state already overwritten. A slot < 0 (padding) reads nothing and leaves the state
+untouched (SGLang: mamba/causal_conv1d_triton.py:119-123); its output rows are zeros (SGLang leaves them unwritten).
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ def _conv1d_prefill_kernel(
 ):
     i = tl.program_id(0)
     tb = tl.program_id(1)
-    slot = tl.load(slot_indices + i).to(tl.int64)
-    if slot < 0:  # padding: nothing read, nothing written
-        return
     start = tl.load(cu_seqlens + i).to(tl.int64)
     length = tl.load(cu_seqlens + i + 1).to(tl.int64) - start
     if tb * BLOCK_T >= length:
@@ -38,6 +35,11 @@ def _conv1d_prefill_kernel(
     mask_d = od < dim
     t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     mask_t = t < length
+    slot = tl.load(slot_indices + i).to(tl.int64)
+    if slot < 0:  # padding: nothing read, the state untouched, zero output rows
+        tl.store(y + (start + t)[:, None] * stride_yt + od[None, :], tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+                 .to(y.dtype.element_ty), mask=mask_t[:, None] & mask_d[None, :])
+        return
     # the lowest input position read from the state: -(W-1) with an initial state, 0 (none: zeros) without
     lo = -(W - 1) * (tl.load(has_init + i) != 0).to(tl.int64)
     p_state = state + slot * stride_ss + od[None, :] * stride_sd
@@ -83,7 +85,7 @@ def conv1d_prefill(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tens
     x ``[tokens, dim]``, sequence i is ``x[cu_seqlens[i]:cu_seqlens[i+1]]``; conv_state ``[slots, dim, W-1]`` updated in
     place (any strides; SGLang's transposed pool view); weight ``[dim, W]``; bias ``[dim]`` or None; slot_indices
     ``[N]``; has_initial_state ``[N]`` bool (False: the window starts from zeros; None: all True); activation None or
-    "silu"/"swish". Returns y ``[tokens, dim]`` in x's dtype; a padded sequence's (slot < 0) rows are left unwritten.
+    "silu"/"swish". Returns y ``[tokens, dim]`` in x's dtype; a padded sequence's (slot < 0) rows are zeros.
     Reads the longest sequence's length on the host (one sync): prefill runs eagerly.
     """
     total, dim, width, n = check_args(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state,

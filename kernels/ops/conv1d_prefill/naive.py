@@ -3,9 +3,9 @@
 Sequence i is ``x[cu[i]:cu[i+1]]``; its window starts from the slot's state (or zeros where
 ``has_initial_state`` is False); ``y[t] = act(sum_j weight[:, j] * window[t + j] + bias)``; the slot keeps the last
 W-1 inputs (the state a following decode step reads). Equal to ``conv1d_update`` run token by token (the test
-checks this). A slot < 0 (padding) skips its sequence: its output rows are left unwritten (``torch.empty``) and no
-state is read or written, as SGLang 0.5.23's ``causal_conv1d_fn`` returns early for ``pad_slot_id``
-(mamba/causal_conv1d_triton.py:119-123).
+checks this). A slot < 0 (padding) skips its sequence: no state is read or written, as SGLang 0.5.23's
+``causal_conv1d_fn`` returns early for ``pad_slot_id`` (mamba/causal_conv1d_triton.py:119-123). SGLang leaves those
+output rows unwritten (``torch.empty_like``, :470); here they are zeros, so the output is deterministic.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def conv1d_prefill(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_in
     w = weight.float()[:, None, :]  # [dim, 1, W] depthwise
     for i in range(n):
         if slots[i] < 0:
+            y[cu[i]:cu[i + 1]] = 0
             continue
         seg = x[cu[i]:cu[i + 1]].float().t()  # [dim, L]
         state = torch.zeros(dim, width - 1, dtype=torch.float32, device=x.device)

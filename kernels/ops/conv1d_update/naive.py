@@ -1,9 +1,10 @@
 """Torch reference for ``conv1d_update``.
 
 Per request and channel, window = ``[state[0 .. W-2], x]``; ``y = act(sum_j weight[:, j] * window[j] + bias)``;
-the state keeps the last W-1 entries of the window (../shared/KDA.md section 3). A slot < 0 (padding) is skipped:
-its output row is left unwritten (``torch.empty``) and no state is read or written, as SGLang 0.5.23's
-``causal_conv1d_update`` returns early for ``pad_slot_id`` (mamba/causal_conv1d_triton.py:693-696).
+the state keeps the last W-1 entries of the window (../shared/KDA.md section 3). A slot < 0 (padding) is skipped: no
+state is read or written, as SGLang 0.5.23's ``causal_conv1d_update`` returns early for ``pad_slot_id``
+(mamba/causal_conv1d_triton.py:693-696). SGLang leaves that output row unwritten (``torch.empty_like``, :1100); here it
+is zeros, so the output is deterministic.
 """
 
 from __future__ import annotations
@@ -39,6 +40,6 @@ def conv1d_update(x, conv_state, weight, bias, slot_indices, activation="silu"):
     if activation is not None:
         out = F.silu(out)
     conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
-    y = torch.empty(n, dim, dtype=x.dtype, device=x.device)
+    y = torch.zeros(n, dim, dtype=x.dtype, device=x.device)
     y[live] = out.to(x.dtype)
     return y
