@@ -228,3 +228,20 @@ def test_decode_attention_fp8_mla():
     deq = buf.view(fp8).float()
     plain = naive.decode_attention(q.to(fp8).float(), deq, deq[..., :lora], table, rows, lens, sm_scale=scale)
     assert_close("dequantized", plain, ref, 1e-6)
+
+
+@pytest.mark.gpu
+def test_decode_attention_fp8_gpu():
+    """Llama-3.1-8B with --kv-cache-dtype fp8_e4m3: 32 q heads on 8 KV heads of 128, uint8 pool, long contexts."""
+    torch.manual_seed(43)
+    seq_lens, fp8 = [1, 700, 4096, 33], torch.float8_e4m3fn
+    pool = MHATokenToKVPool(sum(seq_lens) + 1, 1, "fp8_e4m3", 8, 128, layer_num=1, device="cuda")
+    kb, vb = pool.k_buffer[0], pool.v_buffer[0]
+    kb.copy_(torch.randn(kb.shape, device="cuda").to(fp8).view(torch.uint8))
+    vb.copy_(torch.randn(vb.shape, device="cuda").to(fp8).view(torch.uint8))
+    table, rows, lens, _ = _paged_batch(seq_lens, pool.rows, 4096, 1)
+    q = torch.randn(len(seq_lens), 32, 128, device="cuda", dtype=torch.bfloat16)
+    ref = naive.decode_attention(q.float(), kb, vb, table, rows, lens, k_scale=0.5, v_scale=2.0, kv_dtype=fp8)
+    out = fused("decode_attention").decode_attention(q, kb, vb, table, rows, lens, k_scale=0.5, v_scale=2.0,
+                                                     kv_dtype=fp8)
+    assert_close("o", ref, out.float(), 1e-2)

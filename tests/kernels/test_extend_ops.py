@@ -155,3 +155,47 @@ def test_extend_attention_rejects_a_short_q():
     with pytest.raises(ValueError, match="extends 3"):
         extend_naive.extend_attention(torch.zeros(2, 1, 4), buf, buf, torch.zeros(2, 8, dtype=torch.int32),
                                       torch.tensor([1]), torch.tensor([0]), torch.tensor([3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gqa", "mla", "gqa-fp8"])
+def test_extend_attention_bf16_gpu(kind):
+    """Llama-3.1-8B (32 q heads on 8 KV heads of 128) and Kimi-Linear MLA (latent 512 + rope 64) at prefill lengths."""
+    torch.manual_seed(5)
+    prefix, extend = [0, 700, 3000], [512, 64, 1000]
+    rows, n = sum(prefix) + sum(extend) + 1, len(prefix)
+    hq, hkv, dk, dv = (32, 8, 128, 128) if kind != "mla" else (16, 1, 576, 512)
+    fp8 = torch.float8_e4m3fn if kind == "gqa-fp8" else None
+    k_buf = torch.randn(rows, hkv, dk, device="cuda").to(fp8 or torch.bfloat16)
+    v_buf = k_buf[..., :dv] if kind == "mla" else torch.randn(rows, hkv, dv, device="cuda").to(fp8 or torch.bfloat16)
+    table = torch.zeros(n + 1, 4096, dtype=torch.int32, device="cuda")
+    slots, used = torch.randperm(rows - 1, device="cuda") + 1, 0
+    for r, (p, e) in enumerate(zip(prefix, extend), start=1):
+        table[r, :p + e] = slots[used:used + p + e].int()
+        used += p + e
+    q = torch.randn(sum(extend), hq, dk, device="cuda", dtype=torch.bfloat16)
+    args = (table, torch.arange(1, n + 1, device="cuda"), torch.tensor(prefix, device="cuda"),
+            torch.tensor(extend, device="cuda"))
+    scale = 192 ** -0.5 if kind == "mla" else None
+    q_ref = q.to(fp8) if fp8 is not None else q
+    ref = extend_naive.extend_attention(q_ref.float(), k_buf.float(), v_buf.float(), *args, sm_scale=scale)
+    out = fused("extend_attention").extend_attention(q, k_buf, v_buf, *args, sm_scale=scale)
+    assert_close("o", ref, out.float(), 1e-2)
+
+
+@pytest.mark.gpu
+def test_conv1d_prefill_bf16_gpu():
+    """Kimi-Linear: q|k|v channels 3 * 32 * 128, width 4, bf16 pool view, mixed lengths and initial states."""
+    torch.manual_seed(6)
+    lens, dim = [1, 700, 3, 4096], 3 * 32 * 128
+    conv = torch.randn(20, 3, dim, device="cuda", dtype=torch.bfloat16)
+    ref_conv = conv.clone()
+    slots = torch.tensor([4, 9, -1, 2], device="cuda")
+    init = torch.tensor([True, False, True, True], device="cuda")
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda")
+    x = torch.randn(sum(lens), dim, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(dim, 4, device="cuda"), torch.randn(dim, device="cuda")
+    ref = conv_naive.conv1d_prefill(x, ref_conv.transpose(-1, -2), w, b, slots, cu, init)
+    out = fused("conv1d_prefill").conv1d_prefill(x, conv.transpose(-1, -2), w, b, slots, cu, init)
+    assert_close("y", ref.float(), out.float(), 1e-2)
+    assert_close("state", ref_conv.float(), conv.float(), 1e-3)
