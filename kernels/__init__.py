@@ -17,7 +17,6 @@ import os
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FLA = importlib.util.find_spec("fla") is not None
 BACKENDS = ("auto", "naive", "fused")
-REFERENCE_ONLY = ("extend_attention", "conv1d_prefill")  # no Triton version yet: always the torch reference
 
 _backend = os.environ.get("POOLSIM_KERNELS", "auto")
 if _backend not in BACKENDS:
@@ -44,8 +43,6 @@ def use_backend(name: str):
 
 def implementation(op: str, tensor) -> str:
     """The backend ``op`` runs with for data on ``tensor``'s device."""
-    if op in REFERENCE_ONLY:
-        return "naive"
     if _backend != "auto":
         return _backend
     fused_ok = HAS_TRITON and (HAS_FLA or op != "kda_prefill")
@@ -63,22 +60,22 @@ def write_req_to_token(req_to_token, req_pool_indices, prefix_lens, seq_lens, ou
                                                    out_cache_loc, prefix_loc)
 
 
-def store_kv(k_buffer, v_buffer, out_cache_loc, k, v):
-    """See ``kernels.ops.store_kv.fused.store_kv``."""
-    return _op("store_kv", k_buffer)(k_buffer, v_buffer, out_cache_loc, k, v)
+def store_kv(k_buffer, v_buffer, out_cache_loc, k, v, k_scale=None, v_scale=None, kv_dtype=None):
+    """See ``kernels.ops.store_kv.fused.store_kv`` (fp8: uint8 buffers with ``kv_dtype``)."""
+    return _op("store_kv", k_buffer)(k_buffer, v_buffer, out_cache_loc, k, v, k_scale, v_scale, kv_dtype)
 
 
-def store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope=None):
-    """See ``kernels.ops.store_kv.fused.store_mla_kv``."""
+def store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope=None, kv_dtype=None):
+    """See ``kernels.ops.store_kv.fused.store_mla_kv`` (fp8: a uint8 buffer with ``kv_dtype``)."""
     module = importlib.import_module(f"kernels.ops.store_kv.{implementation('store_kv', kv_buffer)}")
-    return module.store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope)
+    return module.store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope, kv_dtype)
 
 
 def decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale=None,
-                     num_kv_splits=None):
-    """See ``kernels.ops.decode_attention.fused.decode_attention``."""
+                     num_kv_splits=None, k_scale=None, v_scale=None, kv_dtype=None):
+    """See ``kernels.ops.decode_attention.fused.decode_attention`` (fp8: uint8 buffers with ``kv_dtype``)."""
     return _op("decode_attention", q)(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale,
-                                      num_kv_splits)
+                                      num_kv_splits, k_scale, v_scale, kv_dtype)
 
 
 def kda_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, scale=None):
@@ -98,14 +95,15 @@ def kda_prefill(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seql
                                  has_initial_state, scale, chunk_size)
 
 
-def extend_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale=None):
-    """See ``kernels.ops.extend_attention.naive.extend_attention`` (torch reference only for now)."""
+def extend_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale=None,
+                     kv_dtype=None):
+    """See ``kernels.ops.extend_attention.fused.extend_attention`` (fp8: uint8 buffers with ``kv_dtype``)."""
     return _op("extend_attention", q)(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
-                                      extend_lens, sm_scale)
+                                      extend_lens, sm_scale, kv_dtype)
 
 
 def conv1d_prefill(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state=None, activation="silu"):
-    """See ``kernels.ops.conv1d_prefill.naive.conv1d_prefill`` (torch reference only for now)."""
+    """See ``kernels.ops.conv1d_prefill.fused.conv1d_prefill``."""
     return _op("conv1d_prefill", x)(x, conv_state, weight, bias, slot_indices, cu_seqlens, has_initial_state,
                                     activation)
 

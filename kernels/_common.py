@@ -64,3 +64,34 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
     check(int(cu_seqlens[0]) == 0 and int(cu_seqlens[-1]) == total,
           f"cu_seqlens must start at 0 and end at the token count {total}")
     check(bool((cu_seqlens[1:] >= cu_seqlens[:-1]).all()), "cu_seqlens must be non-decreasing")
+
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def kv_view(name: str, buf: torch.Tensor, kv_dtype: torch.dtype | None) -> torch.Tensor:
+    """``buf`` seen as its KV cache dtype. SGLang keeps an fp8 KV cache in a uint8 buffer (``store_dtype``, because
+    ``index_put`` has no fp8 kernel; mem_cache/memory_pool.py:2029-2033) and views it back as the fp8 ``dtype`` for the
+    attention kernels (``_get_key_buffer``, :2848-2850). A uint8 buffer therefore needs ``kv_dtype`` to say which fp8;
+    an fp8-typed view (what ``get_key_buffer`` returns) is taken as it is."""
+    if buf.dtype == torch.uint8:
+        check(kv_dtype in FP8_DTYPES,
+              f"{name} is uint8 (an fp8 KV cache stored as SGLang does): pass kv_dtype=torch.float8_e4m3fn "
+              f"or torch.float8_e5m2, got {kv_dtype}")
+        return buf.view(kv_dtype)
+    check(kv_dtype is None or kv_dtype == buf.dtype, f"{name} is {buf.dtype} but kv_dtype is {kv_dtype}")
+    return buf
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in FP8_DTYPES
+
+
+def to_cache_dtype(src: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
+    """What SGLang's ``set_kv_buffer`` writes (memory_pool.py:2927-2936): a source in another dtype is divided by the
+    layer's scale (when it has one) in its own dtype, then cast with torch's ``.to`` to the cache dtype."""
+    if src.dtype == dtype:
+        return src
+    if scale is not None:
+        src = src / scale
+    return src.to(dtype)

@@ -21,11 +21,21 @@ def test_naive_hand():
                                 torch.tensor([1], device=DEVICE), activation)
         assert abs(y.item() - expected) < 1e-6
         assert state.tolist() == [[[9.0, 9.0, 9.0]], [[2.0, 3.0, 4.0]]]
-    # a padding slot convolves a zero window and stores nothing: y = 0.4 * 4 + 0.5 = 2.1
-    y = naive.conv1d_update(torch.tensor([[4.0]], device=DEVICE), state,
-                            torch.tensor([[0.1, 0.2, 0.3, 0.4]], device=DEVICE), torch.tensor([0.5], device=DEVICE),
-                            torch.tensor([-1], device=DEVICE), None)
-    assert abs(y.item() - 2.1) < 1e-6 and state.tolist() == [[[9.0, 9.0, 9.0]], [[2.0, 3.0, 4.0]]]
+
+
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_padding_row_is_skipped(impl):
+    # SGLang 0.5.23's causal_conv1d_update returns before touching a pad_slot_id row
+    # (mamba/causal_conv1d_triton.py:693-696): its state is not read or written, its output row is left as
+    # torch.empty made it; ours is zeros (a zero window with bias 0.5 would give 0.4 * 4 + 0.5 = 2.1, not 0).
+    # The live row beside it: state [1, 2, 3], token 4, weight [0.1 .. 0.4], bias 0.5 -> 3.5.
+    mod = naive if impl == "naive" else fused("conv1d_update")
+    state = torch.tensor([[[9.0, 9.0, 9.0]], [[1.0, 2.0, 3.0]]], device=DEVICE)
+    y = mod.conv1d_update(torch.tensor([[4.0], [4.0]], device=DEVICE), state,
+                          torch.tensor([[0.1, 0.2, 0.3, 0.4]], device=DEVICE), torch.tensor([0.5], device=DEVICE),
+                          torch.tensor([-1, 1], device=DEVICE), None)
+    assert abs(y[1].item() - 3.5) < 1e-6 and y[0].item() == 0.0
+    assert state.tolist() == [[[9.0, 9.0, 9.0]], [[2.0, 3.0, 4.0]]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -51,6 +61,7 @@ def test_conv1d_update_on_mamba_pool(N, H, D, dtype):
     ref = naive.conv1d_update(x, ref_conv[1].transpose(-1, -2), weight, bias, slots)
     out = fused("conv1d_update").conv1d_update(x, conv[1].transpose(-1, -2), weight, bias, slots)
     assert_close("y", ref.float(), out.float(), 1e-6 if dtype == torch.float32 else 1e-3)
+    assert (out[slots < 0] == 0).all()
     assert_close("state", ref_conv[1, live].float(), conv[1, live].float(), 1e-6)
     assert torch.equal(conv[1, live, :2], before[1, live, 1:])  # the window shifted by one
     assert_rows_untouched("layer 1", before[1], conv[1], live.tolist())

@@ -154,3 +154,94 @@ def test_fp32_q_over_a_half_cache_is_cast_to_the_cache_dtype():
     assert out.dtype == torch.float32
     ref = naive.decode_attention(q.half(), kb, vb, table, rows, lens)
     assert_close("o", ref.float(), out, 2e-3)
+
+
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_fp8_hand(impl):
+    # fp8_e4m3 cache in uint8 buffers (SGLang's store_dtype). Keys [1, 0], [0, 1], values [1, 2], [3, 4] (exact in
+    # fp8), k_scale 2 (folded into sm_scale = 1), v_scale 0.5 (on the output).
+    # Two q heads on one KV head (SGLang's grouped kernel): q = [1.1, 0] is rounded to fp8 first, 1.125; scores
+    # [2.25, 0], p0 = sigmoid(2.25) = 0.9046505; o = 0.5 * (p0 [1, 2] + (1 - p0) [3, 4]) = [0.5953495, 1.0953495].
+    # One q head (the MHA kernel, q not rounded): scores [2.2, 0], p0 = 0.9002495, o = [0.5997505, 1.0997505].
+    mod = naive if impl == "naive" else fused("decode_attention")
+    fp8 = torch.float8_e4m3fn
+    kb = torch.tensor([[[0.0, 0.0]], [[1.0, 0.0]], [[0.0, 1.0]]], device=DEVICE).to(fp8).view(torch.uint8)
+    vb = torch.tensor([[[0.0, 0.0]], [[1.0, 2.0]], [[3.0, 4.0]]], device=DEVICE).to(fp8).view(torch.uint8)
+    table = torch.tensor([[0, 0, 0], [1, 2, 0]], dtype=torch.int32, device=DEVICE)
+    args = (table, torch.tensor([1], device=DEVICE), torch.tensor([2], device=DEVICE))
+    kw = dict(sm_scale=1.0, k_scale=2.0, v_scale=0.5, kv_dtype=fp8)
+    o = mod.decode_attention(torch.tensor([[[1.1, 0.0], [1.1, 0.0]]], device=DEVICE), kb, vb, *args, **kw)
+    want = torch.tensor([[0.5953495, 1.0953495]] * 2, device=DEVICE)
+    torch.testing.assert_close(o[0], want, rtol=1e-6, atol=1e-6)
+    o = mod.decode_attention(torch.tensor([[[1.1, 0.0]]], device=DEVICE), kb, vb, *args, **kw)
+    torch.testing.assert_close(o[0, 0], torch.tensor([0.5997505, 1.0997505], device=DEVICE), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        mod.decode_attention(torch.zeros(1, 1, 2, device=DEVICE), kb, vb, *args)
+
+
+FP8_CASES = [  # name, Hq, Hkv, DK, DV, seq_lens, splits, fp8 dtype
+    ("MHA-e4m3", 2, 2, 24, 24, [1, 37, 0], 2, torch.float8_e4m3fn),
+    ("GQA-e4m3", 8, 2, 40, 32, [50, 5], 3, torch.float8_e4m3fn),
+    ("GQA-e5m2", 4, 1, 16, 16, [33, 2], 1, torch.float8_e5m2),
+]
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_decode_attention_fp8_pool(case):
+    """An fp8 MHA pool (uint8 buffers): Triton equals the reference, and the reference equals plain attention over
+    the dequantized cache (times the scales) with q rounded to fp8 where heads are grouped."""
+    _, hq, hkv, dk, dv, seq_lens, splits, fp8 = case
+    torch.manual_seed(11)
+    name = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[fp8]
+    pool = MHATokenToKVPool(sum(seq_lens) + 9, 1, name, hkv, dk, layer_num=1, device=DEVICE, v_head_dim=dv)
+    kb, vb = pool.k_buffer[0], pool.v_buffer[0]
+    table, rows, lens, slots = _paged_batch(seq_lens, pool.rows, 64, 5)
+    kb[slots] = randn(len(slots), hkv, dk).to(fp8).view(torch.uint8)
+    vb[slots] = randn(len(slots), hkv, dv).to(fp8).view(torch.uint8)
+    q = randn(len(seq_lens), hq, dk, dtype=torch.float16)
+    kw = dict(k_scale=0.7, v_scale=1.5, kv_dtype=fp8)
+    ref = naive.decode_attention(q, kb, vb, table, rows, lens, **kw)
+    out = fused("decode_attention").decode_attention(q, kb, vb, table, rows, lens, num_kv_splits=splits, **kw)
+    assert out.dtype == torch.float16
+    assert_close("o", ref.float(), out.float(), 2e-3)  # fp16 output rounding
+    q_used = q.to(fp8).float() if hq > hkv else q.float()
+    plain = naive.decode_attention(q_used, kb.view(fp8).float() * 0.7, vb.view(fp8).float(), table, rows, lens,
+                                   sm_scale=dk ** -0.5) * 1.5
+    assert_close("dequantized", plain, ref.float(), 2e-3)
+
+
+def test_decode_attention_fp8_mla():
+    """fp8 MLA latent cache: K the whole row, V its first kv_lora_rank columns of the same bytes."""
+    torch.manual_seed(12)
+    lora, rope, seq_lens = 32, 16, [9, 40]
+    fp8 = torch.float8_e4m3fn
+    pool = MLATokenToKVPool(sum(seq_lens) + 5, 1, "fp8_e4m3", lora, rope, layer_num=1, device=DEVICE)
+    buf = pool.kv_buffer[0]
+    table, rows, lens, slots = _paged_batch(seq_lens, pool.rows, 64, 3)
+    buf[slots] = randn(len(slots), 1, lora + rope).to(fp8).view(torch.uint8)
+    q = randn(len(seq_lens), 4, lora + rope)
+    scale = 24 ** -0.5
+    ref = naive.decode_attention(q, buf, buf[..., :lora], table, rows, lens, sm_scale=scale, kv_dtype=fp8)
+    out = fused("decode_attention").decode_attention(q, buf, buf[..., :lora], table, rows, lens, sm_scale=scale,
+                                                     num_kv_splits=2, kv_dtype=fp8)
+    assert_close("o", ref, out, 1e-5)
+    deq = buf.view(fp8).float()
+    plain = naive.decode_attention(q.to(fp8).float(), deq, deq[..., :lora], table, rows, lens, sm_scale=scale)
+    assert_close("dequantized", plain, ref, 1e-6)
+
+
+@pytest.mark.gpu
+def test_decode_attention_fp8_gpu():
+    """Llama-3.1-8B with --kv-cache-dtype fp8_e4m3: 32 q heads on 8 KV heads of 128, uint8 pool, long contexts."""
+    torch.manual_seed(43)
+    seq_lens, fp8 = [1, 700, 4096, 33], torch.float8_e4m3fn
+    pool = MHATokenToKVPool(sum(seq_lens) + 1, 1, "fp8_e4m3", 8, 128, layer_num=1, device="cuda")
+    kb, vb = pool.k_buffer[0], pool.v_buffer[0]
+    kb.copy_(torch.randn(kb.shape, device="cuda").to(fp8).view(torch.uint8))
+    vb.copy_(torch.randn(vb.shape, device="cuda").to(fp8).view(torch.uint8))
+    table, rows, lens, _ = _paged_batch(seq_lens, pool.rows, 4096, 1)
+    q = torch.randn(len(seq_lens), 32, 128, device="cuda", dtype=torch.bfloat16)
+    ref = naive.decode_attention(q.float(), kb, vb, table, rows, lens, k_scale=0.5, v_scale=2.0, kv_dtype=fp8)
+    out = fused("decode_attention").decode_attention(q, kb, vb, table, rows, lens, k_scale=0.5, v_scale=2.0,
+                                                     kv_dtype=fp8)
+    assert_close("o", ref, out.float(), 1e-2)

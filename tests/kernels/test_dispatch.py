@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_auto_picks_by_device():
     t = torch.zeros(1, device=DEVICE)
     expected = "fused" if ON_GPU and kernels.HAS_TRITON else "naive"
-    assert kernels.implementation("kda_decode", t) == expected
-    assert kernels.implementation("kda_decode", torch.zeros(1)) == "naive"
+    for op in ("kda_decode", "extend_attention", "conv1d_prefill"):  # every op has a Triton version
+        assert kernels.implementation(op, t) == expected
+        assert kernels.implementation(op, torch.zeros(1)) == "naive"
 
 
 def test_use_backend_forces_and_restores():
@@ -60,7 +61,11 @@ def test_public_ops_run(backend):
             o_kda = kernels.kda_decode(q, k, v, a, b, A_log, dt_bias, p, slots)
             y = kernels.conv1d_update(torch.randn(2, 96, generator=torch.Generator().manual_seed(0)).to(d),
                                       c.transpose(-1, -2), torch.ones(96, 4, device=d), None, slots)
-            results[name] = (t, kk, vv, p, c, o_att, o_kda, y)
+            o_ext = kernels.extend_attention(q[:, :1], kk, vv, t, torch.tensor([1, 2], device=d),
+                                             torch.tensor([1, 0], device=d), torch.tensor([1, 1], device=d))
+            y_pre = kernels.conv1d_prefill(torch.ones(3, 96, device=d), c.transpose(-1, -2),
+                                           torch.ones(96, 4, device=d), None, slots, torch.tensor([0, 2, 3], device=d))
+            results[name] = (t, kk, vv, p, c, o_att, o_kda, y, o_ext, y_pre)
     for ref, out in zip(results["naive"], results[backend]):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 

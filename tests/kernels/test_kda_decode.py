@@ -39,17 +39,22 @@ def test_naive_hand_2x2():
     assert pool[:2].isnan().all()
 
 
-def test_naive_hand_padding_slot():
-    # slot -1: the step starts from S = 0 and nothing is stored.  S^T k = 0, u = 0.5 * [2, 3] = [1, 1.5],
-    # S = k u^T = [[1, 1.5], [0, 0]], o = S^T q = 0 (q only reads key row 1)
-    pool = torch.full((2, 1, 2, 2), float("nan"), dtype=torch.float64, device=DEVICE)
-    o = naive.kda_decode(*_hand_inputs(), pool, torch.tensor([-1], device=DEVICE))
-    assert o.abs().max() < 1e-12 and pool.isnan().all()
-    # with q = k and scale 1 the output reads the written row back: o = S^T k = u = [1, 1.5]
-    _, k, v, a, b, A_log, dt_bias = _hand_inputs()
-    o = naive.kda_decode(k, k, v, a, b, A_log, dt_bias, pool, torch.tensor([-1], device=DEVICE), scale=1.0)
-    torch.testing.assert_close(o[0, 0], torch.tensor([1.0, 1.5], dtype=torch.float64, device=DEVICE),
-                               rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+def test_padding_slot_outputs_zeros(impl):
+    # SGLang 0.5.23's CUDA decode (fused_recurrent_kda_packed_decode, fla/fused_recurrent.py:458-463): a slot < 0
+    # stores a zero output and returns before reading or writing the state. The same inputs from a zero state
+    # would give o = S^T k = u = [1, 1.5] (q = k, scale 1), so the zeros are not the zero-state step's output.
+    mod = naive if impl == "naive" else fused("kda_decode")
+    dtype = torch.float64 if impl == "naive" else torch.float32  # the interpreter's kernels run fp32
+    pool = torch.full((2, 1, 2, 2), float("nan"), dtype=dtype, device=DEVICE)
+    _, k, v, a, b, A_log, dt_bias = _hand_inputs(dtype)
+    o = mod.kda_decode(k, k, v, a, b, A_log, dt_bias, pool, torch.tensor([-1], device=DEVICE), scale=1.0)
+    assert o.tolist() == [[[0.0, 0.0]]] and pool.isnan().all()
+    # beside a live request: the live row is the usual step, the padded row zeros
+    pool[1, 0] = torch.tensor([[1.0, 3.0], [2.0, 4.0]], dtype=dtype)
+    two = [torch.cat([x, x]) for x in (k, k, v, a, b)]
+    o = mod.kda_decode(*two, A_log, dt_bias, pool, torch.tensor([-1, 1], device=DEVICE), scale=1.0)
+    assert o[0].tolist() == [[0.0, 0.0]] and not (o[1] == 0).any() and pool[0].isnan().all()
 
 
 def _inputs(N, H, HV, K, V, dtype, seed=0):
@@ -83,6 +88,7 @@ def test_kda_decode(N, H, HV, K, V, dtype):
     assert_close("state", ref_pool[live], out_pool[live], 1e-5)
     assert_rows_untouched("pool", before, out_pool, live.tolist())
     assert not torch.equal(out_pool[live], before[live])
+    assert (out[slots < 0] == 0).all()
 
 
 def test_kda_decode_on_mamba_pool_layer():

@@ -2,7 +2,10 @@
 
 Grid ``(N, cdiv(dim, BLOCK_D))``: a program loads the ``[BLOCK_D, W-1]`` state tile of one slot (dim may be
 the unit-stride axis, as in SGLang's transposed pool view), convolves it with the new token, stores the
-shifted window back. A slot < 0 (padding) starts from zeros and is not stored.
+shifted window back. A slot < 0 (padding) reads nothing and leaves its state untouched, as SGLang 0.5.23's
+``causal_conv1d_update`` does (mamba/causal_conv1d_triton.py:693-696); SGLang also leaves that output row unwritten
+(``torch.empty_like``, :1100), this kernel writes zeros there so the output is deterministic (no consumer reads it:
+the KDA decode returns zeros for a padded row without loading q, k, v).
 """
 
 from __future__ import annotations
@@ -27,16 +30,15 @@ def _conv1d_update_kernel(
     mask_d = od < dim
     in_state = ow < W - 1
 
-    xt = tl.load(x + n * stride_xn + od, mask=mask_d, other=0.0).to(tl.float32)  # [BLOCK_D]
     slot = tl.load(slot_indices + n).to(tl.int64)
+    if slot < 0:  # padding: nothing read, the state untouched, a zero output row
+        tl.store(y + n * stride_yn + od, tl.zeros([BLOCK_D], dtype=tl.float32).to(y.dtype.element_ty), mask=mask_d)
+        return
+    xt = tl.load(x + n * stride_xn + od, mask=mask_d, other=0.0).to(tl.float32)  # [BLOCK_D]
     p_s = state + slot * stride_ss + od[:, None] * stride_sd + ow[None, :] * stride_sw
-    if slot >= 0:
-        old = tl.load(p_s, mask=mask_d[:, None] & in_state[None, :], other=0.0).to(tl.float32)  # window[0 .. W-2]
-        # window[1 .. W-2] again, one column to the left: the state after the shift
-        shifted = tl.load(p_s + stride_sw, mask=mask_d[:, None] & (ow[None, :] < W - 2), other=0.0).to(tl.float32)
-    else:
-        old = tl.zeros([BLOCK_D, BLOCK_W], dtype=tl.float32)
-        shifted = tl.zeros([BLOCK_D, BLOCK_W], dtype=tl.float32)
+    old = tl.load(p_s, mask=mask_d[:, None] & in_state[None, :], other=0.0).to(tl.float32)  # window[0 .. W-2]
+    # window[1 .. W-2] again, one column to the left: the state after the shift
+    shifted = tl.load(p_s + stride_sw, mask=mask_d[:, None] & (ow[None, :] < W - 2), other=0.0).to(tl.float32)
 
     p_w = weight + od[:, None] * stride_wd
     w_state = tl.load(p_w + ow[None, :] * stride_ww, mask=mask_d[:, None] & in_state[None, :], other=0.0)
@@ -47,9 +49,8 @@ def _conv1d_update_kernel(
     if SILU:
         acc = acc * tl.sigmoid(acc)
     tl.store(y + n * stride_yn + od, acc.to(y.dtype.element_ty), mask=mask_d)
-    if slot >= 0:
-        new = tl.where(ow[None, :] == W - 2, xt[:, None], shifted)
-        tl.store(p_s, new.to(state.dtype.element_ty), mask=mask_d[:, None] & in_state[None, :])
+    new = tl.where(ow[None, :] == W - 2, xt[:, None], shifted)
+    tl.store(p_s, new.to(state.dtype.element_ty), mask=mask_d[:, None] & in_state[None, :])
 
 
 def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -58,7 +59,8 @@ def conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
 
     x ``[N, dim]`` (q|k|v channels of one token per request); conv_state ``[slots, dim, W-1]`` updated in place
     (any strides; SGLang passes the pool's ``conv.transpose(-1, -2)``, unit stride along dim); weight
-    ``[dim, W]``; bias ``[dim]`` or None; slot_indices ``[N]``, slot < 0 is padding (zero window, not stored);
+    ``[dim, W]``; bias ``[dim]`` or None; slot_indices ``[N]``, slot < 0 is padding: its row of y is zeros (SGLang
+    leaves it unwritten) and its state untouched;
     activation None or "silu"/"swish". Returns y ``[N, dim]`` in x's dtype.
     """
     n, dim, width = check_args(x, conv_state, weight, bias, slot_indices, activation)

@@ -1,7 +1,10 @@
 """Torch reference for ``conv1d_update``.
 
 Per request and channel, window = ``[state[0 .. W-2], x]``; ``y = act(sum_j weight[:, j] * window[j] + bias)``;
-the state keeps the last W-1 entries of the window (../shared/KDA.md section 3).
+the state keeps the last W-1 entries of the window (../shared/KDA.md section 3). A slot < 0 (padding) is skipped: no
+state is read or written, as SGLang 0.5.23's ``causal_conv1d_update`` returns early for ``pad_slot_id``
+(mamba/causal_conv1d_triton.py:693-696). SGLang leaves that output row unwritten (``torch.empty_like``, :1100); here it
+is zeros, so the output is deterministic.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ def conv1d_update(x, conv_state, weight, bias, slot_indices, activation="silu"):
     n, dim, width = check_args(x, conv_state, weight, bias, slot_indices, activation)
     live = slot_indices >= 0
     slots = slot_indices[live].long()
-    state = torch.zeros(n, dim, width - 1, dtype=torch.float32, device=x.device)
-    state[live] = conv_state[slots].float()
-    window = torch.cat([state, x.float()[:, :, None]], dim=-1)  # [N, dim, W]
-    y = (window * weight.float()[None]).sum(-1)
+    window = torch.cat([conv_state[slots].float(), x[live].float()[:, :, None]], dim=-1)  # [live, dim, W]
+    out = (window * weight.float()[None]).sum(-1)
     if bias is not None:
-        y = y + bias.float()
+        out = out + bias.float()
     if activation is not None:
-        y = F.silu(y)
-    conv_state[slots] = window[live, :, 1:].to(conv_state.dtype)
-    return y.to(x.dtype)
+        out = F.silu(out)
+    conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
+    y = torch.zeros(n, dim, dtype=x.dtype, device=x.device)
+    y[live] = out.to(x.dtype)
+    return y

@@ -6,6 +6,10 @@ one KV head and one contiguous piece of the request's context, gathers K/V rows 
 log-sum-exp. Stage 2, grid ``(N, Hq)``: merges the pieces by their log-sum-exp.
 MLA (absorbed): q ``[N, H, 576]``, k_buffer = kv_buffer ``[rows, 1, 576]``, v_buffer = ``kv_buffer[..., :512]``;
 then V is the first 512 columns of the K tile already loaded and is not read again (``SHARE_KV``).
+fp8 KV (uint8 buffers with ``kv_dtype``, or fp8 views): tiles are loaded as fp8 bytes and dequantized to fp32 in
+registers; q is rounded to fp8 first where SGLang's grouped kernel does it (Hq > Hkv). fp8 values are exact in tf32,
+so the QK product equals SGLang's fp8 MMA up to summation order; SGLang also rounds the softmax weights p to fp8 for
+the PV MMA (decode_attention.py:762), this kernel keeps them in tf32 (the Triton interpreter misrounds fp32->fp8).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, interpreting, next_pow2, prev_pow2
-from kernels.ops.decode_attention.naive import check_args
+from kernels._common import check, interpreting, is_fp8, kv_view, next_pow2, prev_pow2
+from kernels.ops.decode_attention.naive import check_args, fp8_query
 
 MAX_SPLITS = 32
 
@@ -29,7 +33,7 @@ def _decode_attention_stage1(
     mid_o, mid_lse, sm_scale, num_q_heads, batch_bucket,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SHARE_KV: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    SHARE_KV: tl.constexpr, KV_FP8: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     n = tl.program_id(0)
     tile = tl.program_id(1)
@@ -51,9 +55,13 @@ def _decode_attention_stage1(
     odv = tl.arange(0, BLOCK_DV)
     q_rows = q + n.to(tl.int64) * stride_qn + heads[:, None] * stride_qh
     bq = tl.load(q_rows + od[None, :], mask=mask_h[:, None] & (od[None, :] < DK), other=0.0)  # [BLOCK_H, BLOCK_DK]
+    if KV_FP8:
+        bq = bq.to(tl.float32)
     if BLOCK_DT > 0:
         odt = BLOCK_DK + tl.arange(0, BLOCK_DT)
         bqt = tl.load(q_rows + odt[None, :], mask=mask_h[:, None] & (odt[None, :] < DK), other=0.0)
+        if KV_FP8:
+            bqt = bqt.to(tl.float32)
 
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -67,10 +75,14 @@ def _decode_attention_stage1(
         slots = tl.load(slot_row + toks, mask=mask_n, other=0).to(tl.int64)
         bk = tl.load(k_head + slots[None, :] * stride_kr + od[:, None],
                      mask=mask_n[None, :] & (od[:, None] < DK), other=0.0)  # [BLOCK_DK, BLOCK_N]
+        if KV_FP8:
+            bk = bk.to(tl.float32)  # dequantize on load (the scale is folded into sm_scale)
         qk = tl.dot(bq, bk, input_precision=PRECISION)
         if BLOCK_DT > 0:
             bkt = tl.load(k_head + slots[None, :] * stride_kr + odt[:, None],
                           mask=mask_n[None, :] & (odt[:, None] < DK), other=0.0)
+            if KV_FP8:
+                bkt = bkt.to(tl.float32)
             qk += tl.dot(bqt, bkt, input_precision=PRECISION)
         qk = tl.where(mask_n[None, :], qk * sm_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_new = tl.maximum(m, tl.max(qk, 1))  # finite: every block has a valid token
@@ -81,6 +93,8 @@ def _decode_attention_stage1(
         else:
             bv = tl.load(v_head + slots[:, None] * stride_vr + odv[None, :],
                          mask=mask_n[:, None] & (odv[None, :] < DV), other=0.0)
+            if KV_FP8:
+                bv = bv.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(bv.dtype), bv, input_precision=PRECISION)
         s = s * alpha + tl.sum(p, 1)
         m = m_new
@@ -98,7 +112,7 @@ def _decode_attention_stage1(
 
 @triton.jit
 def _decode_attention_stage2(
-    mid_o, mid_lse, o, stride_on, stride_oh, num_q_heads, num_splits,
+    mid_o, mid_lse, o, stride_on, stride_oh, num_q_heads, num_splits, v_scale,
     DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     n = tl.program_id(0)
@@ -114,7 +128,7 @@ def _decode_attention_stage2(
     parts = tl.load(mid_o + (base + osp)[:, None] * DV + odv[None, :],
                     mask=mask_s[:, None] & (odv[None, :] < DV), other=0.0)  # [BLOCK_S, BLOCK_DV]
     total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)
+    out = tl.sum(w[:, None] * parts, 0) / tl.where(total > 0, total, 1.0) * v_scale
     tl.store(o + n.to(tl.int64) * stride_on + h * stride_oh + odv, out.to(o.dtype.element_ty), mask=odv < DV)
 
 
@@ -126,7 +140,7 @@ def _configs(wide: bool):
             for bn in blocks for w in (4, 8) for st in (1, 2, 3)]
 
 
-_KEY = ["GROUP", "DK", "DV", "BLOCK_H", "SHARE_KV", "PRECISION", "batch_bucket"]  # batch_bucket: key only
+_KEY = ["GROUP", "DK", "DV", "BLOCK_H", "SHARE_KV", "KV_FP8", "PRECISION", "batch_bucket"]  # batch_bucket: key only
 _stage1_narrow = triton.autotune(_configs(False), key=_KEY)(_decode_attention_stage1)
 _stage1_wide = triton.autotune(_configs(True), key=_KEY)(_decode_attention_stage1)  # MLA-sized heads
 
@@ -146,7 +160,8 @@ def _head_blocks(dk: int) -> tuple[int, int]:
     return main, max(16, next_pow2(dk - main))
 
 
-def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, num_kv_splits):
+def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, num_kv_splits,
+                         v_scale=1.0):
     n, hq, dk = q.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
@@ -160,8 +175,10 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
     block_dv = max(16, next_pow2(dv))
     share_kv = (v_buffer.data_ptr() == k_buffer.data_ptr() and v_buffer.stride()[:2] == k_buffer.stride()[:2]
                 and dv == block_dk and dv <= dk)
+    kv_fp8 = is_fp8(k_buffer)
+    # fp8 tiles are dequantized to fp32; tf32 holds fp8 (and bf16) values exactly
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    o = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
+    o = torch.empty(n, hq, dv, dtype=torch.float32 if is_fp8(q) else q.dtype, device=q.device)
     if n == 0:
         return o
     mid_o = torch.empty(n, hq, splits, dv, dtype=torch.float32, device=q.device)
@@ -174,10 +191,10 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         mid_o, mid_lse, sm_scale, hq, min(256, next_pow2(n)),
         GROUP=group, DK=dk, DV=dv, BLOCK_H=block_h, BLOCK_DK=block_dk, BLOCK_DT=block_dt, BLOCK_DV=block_dv,
-        SHARE_KV=share_kv, PRECISION=precision,
+        SHARE_KV=share_kv, KV_FP8=kv_fp8, PRECISION=precision,
     )
     _decode_attention_stage2[(n, hq)](
-        mid_o, mid_lse, o, o.stride(0), o.stride(1), hq, splits,
+        mid_o, mid_lse, o, o.stride(0), o.stride(1), hq, splits, v_scale,
         DV=dv, BLOCK_S=max(2, next_pow2(splits)), BLOCK_DV=block_dv,
         num_warps=4,
     )
@@ -186,20 +203,27 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
 
 def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
-                     num_kv_splits: int | None = None) -> torch.Tensor:
+                     num_kv_splits: int | None = None, k_scale: float | None = None, v_scale: float | None = None,
+                     kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """One query token per request attends over KV slots ``req_to_token[req_pool_indices[i], :seq_lens[i]]``.
 
     MHA/GQA: q ``[N, Hq, DK]``, k_buffer ``[rows, Hkv, DK]``, v_buffer ``[rows, Hkv, DV]``, Hq a multiple of Hkv.
     MLA absorbed: q ``[N, H, kv_lora_rank + rope]``, k_buffer = kv_buffer ``[rows, 1, lora + rope]``,
     v_buffer = ``kv_buffer[..., :kv_lora_rank]``; pass ``sm_scale`` = (qk_nope + qk_rope)^-1/2.
     req_to_token int32 ``[rows, max_ctx]``; req_pool_indices, seq_lens ``[N]``. q is cast to the KV dtype first
-    (as SGLang does); returns o ``[N, Hq, DV]`` in q's dtype; a request with seq_len 0 gets zeros. ``sm_scale`` defaults to DK^-1/2; ``num_kv_splits`` (split-K
-    pieces per request) defaults to enough programs to fill the GPU.
+    (as SGLang does; for an fp8 cache only when Hq > Hkv, as SGLang's grouped kernel does); returns o ``[N, Hq, DV]``
+    in q's dtype; a request with seq_len 0 gets zeros. ``sm_scale`` defaults to DK^-1/2; ``num_kv_splits`` (split-K
+    pieces per request) defaults to enough programs to fill the GPU. fp8 cache: uint8 buffers (SGLang's
+    ``store_dtype``) with ``kv_dtype``, or fp8 views; ``k_scale``/``v_scale`` are the layer's KV scales (None: 1).
     """
+    k_buffer, v_buffer = kv_view("k_buffer", k_buffer, kv_dtype), kv_view("v_buffer", v_buffer, kv_dtype)
     check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
-    scale = q.shape[2] ** -0.5 if sm_scale is None else sm_scale
+    scale = (q.shape[2] ** -0.5 if sm_scale is None else sm_scale) * (1.0 if k_scale is None else k_scale)
     # SGLang casts q to the KV cache's dtype (an fp32 q over a bf16 cache); the output keeps q's dtype
-    kv_dtype = k_buffer.dtype if k_buffer.is_floating_point() else q.dtype
-    o = decode_attention_fwd(q.to(kv_dtype), k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
-                             num_kv_splits)
+    if is_fp8(k_buffer):
+        q_kv = fp8_query(q, k_buffer)
+    else:
+        q_kv = q.to(k_buffer.dtype) if k_buffer.is_floating_point() else q
+    o = decode_attention_fwd(q_kv, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
+                             num_kv_splits, 1.0 if v_scale is None else v_scale)
     return o.to(q.dtype)

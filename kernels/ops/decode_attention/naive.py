@@ -1,10 +1,16 @@
-"""Torch reference for ``decode_attention``: a plain softmax per request over its gathered slots."""
+"""Torch reference for ``decode_attention``: a plain softmax per request over its gathered slots.
+
+fp8 KV (SGLang 0.5.23's Triton decode, kernels/ops/attention/decode_attention.py): K and V are dequantized (fp8
+values, times ``k_scale`` folded into ``sm_scale`` at :1257/:1282/:1305, times ``v_scale`` on the output at :1016);
+with more than one query head per KV head q is first rounded to the fp8 dtype (the grouped kernel's
+``q.to(K_Buffer.dtype.element_ty)``, :661), with one (the MHA kernel, :352) it is not.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from kernels._common import capturing, check, check_index_range, check_lengths
+from kernels._common import capturing, check, check_index_range, check_lengths, is_fp8, kv_view
 
 
 def check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens):
@@ -31,19 +37,29 @@ def gathered_slots(req_to_token, req_pool_indices, seq_lens) -> list[torch.Tenso
     return [req_to_token[r, :s].long() for r, s in zip(req_pool_indices.tolist(), seq_lens.tolist())]
 
 
+def fp8_query(q: torch.Tensor, k_buffer: torch.Tensor) -> torch.Tensor:
+    """q as SGLang's decode kernels multiply it with an fp8 K: rounded to fp8 when heads are grouped."""
+    group = q.shape[1] // k_buffer.shape[1]
+    return q.to(k_buffer.dtype) if is_fp8(k_buffer) and group > 1 else q
+
+
 def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
-                     num_kv_splits: int | None = None) -> torch.Tensor:
+                     num_kv_splits: int | None = None, k_scale: float | None = None, v_scale: float | None = None,
+                     kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+    k_buffer, v_buffer = kv_view("k_buffer", k_buffer, kv_dtype), kv_view("v_buffer", v_buffer, kv_dtype)
     check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
     n, hq, dk = q.shape
     group = hq // k_buffer.shape[1]
-    scale = dk ** -0.5 if sm_scale is None else sm_scale
+    scale = (dk ** -0.5 if sm_scale is None else sm_scale) * (1.0 if k_scale is None else k_scale)
+    qk = fp8_query(q, k_buffer).float()
     o = torch.zeros(n, hq, v_buffer.shape[2], dtype=q.dtype, device=q.device)
     for i, slots in enumerate(gathered_slots(req_to_token, req_pool_indices, seq_lens)):
         if slots.numel() == 0:
             continue  # an empty context attends to nothing: zeros
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, DK]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, DV]
-        s = torch.einsum("hd,lhd->hl", q[i].float(), k) * scale
-        o[i] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v).to(q.dtype)
+        s = torch.einsum("hd,lhd->hl", qk[i], k) * scale
+        out = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
+        o[i] = (out if v_scale is None else out * v_scale).to(q.dtype)
     return o

@@ -3,7 +3,8 @@ bf16/fp16 with ``--mamba-ssm-dtype``: the state is updated in fp32 and rounded o
 
 Grid ``(N * HV, cdiv(V, BV))``: a program owns a ``[BV, K]`` tile of one request-head state (whole key
 rows, so the gate, the L2 norms and ``S^T k`` need no cross-program reduction), reads it once and writes
-it once. A slot < 0 (padding) starts from zeros and is not stored.
+it once. A slot < 0 (padding) writes a zero output and neither reads nor writes the state, as SGLang 0.5.23's
+CUDA decode kernel does (``fused_recurrent_kda_packed_decode``, fla/fused_recurrent.py:458-463).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def _kda_decode_kernel(
     ov = i_v * BV + tl.arange(0, BV)
     mask_k = ok < K
     mask_v = ov < V
+    slot = tl.load(slot_indices + n).to(tl.int64)
+    if slot < 0:  # padding: a zero output, the state untouched
+        tl.store(o + n * stride_on + hv * stride_oh + ov, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty),
+                 mask=mask_v)
+        return
 
     bq = tl.load(q + n * stride_qn + h * stride_qh + ok, mask=mask_k, other=0.0).to(tl.float32)
     bk = tl.load(k + n * stride_kn + h * stride_kh + ok, mask=mask_k, other=0.0).to(tl.float32)
@@ -49,20 +55,15 @@ def _kda_decode_kernel(
     decay = tl.exp(-tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus)  # [BK] = exp(g)
     beta = tl.sigmoid(tl.load(b + n * stride_bn + hv).to(tl.float32))
 
-    slot = tl.load(slot_indices + n).to(tl.int64)
     p_s = state + slot * stride_slot + hv * (V * K) + ov[:, None] * K + ok[None, :]
     mask_s = mask_v[:, None] & mask_k[None, :]
-    if slot >= 0:
-        S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)  # [BV, BK]: rows v, columns k; fp32 math
-    else:
-        S = tl.zeros([BV, BK], dtype=tl.float32)
+    S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)  # [BV, BK]: rows v, columns k; fp32 math
     S = S * decay[None, :]
     u = beta * (bv - tl.sum(S * bk[None, :], 1))  # [BV]
     S = S + u[:, None] * bk[None, :]
     out = tl.sum(S * bq[None, :], 1)
     tl.store(o + n * stride_on + hv * stride_oh + ov, out.to(o.dtype.element_ty), mask=mask_v)
-    if slot >= 0:
-        tl.store(p_s, S.to(state.dtype.element_ty), mask=mask_s)
+    tl.store(p_s, S.to(state.dtype.element_ty), mask=mask_s)
 
 
 def default_config(kd: int, vd: int) -> tuple[int, int]:
@@ -105,8 +106,8 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     q, k ``[N, H, K]`` (L2-normalised in the kernel; q scaled by ``scale``, default K^-1/2); v ``[N, HV, V]``;
     a ``[N, HV*K]`` raw gate, ``g = -exp(A_log[h]) * softplus(a + dt_bias[h, :])`` (threshold 20);
     b ``[N, HV]`` raw beta logits (``beta = sigmoid(b)``); A_log ``[HV]``; dt_bias ``[HV*K]``;
-    ssm_states ``[slots, HV, V, K]`` fp32 (or bf16/fp16); slot_indices ``[N]``, a slot < 0 starts from a zero state and is not
-    stored. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
+    ssm_states ``[slots, HV, V, K]`` fp32 (or bf16/fp16); slot_indices ``[N]``, a slot < 0 (padding) outputs zeros
+    and its state is neither read nor written. HV may be a multiple of H (value head hv reads qk head ``hv // (HV // H)``).
     """
     n, _, kd, _, _ = check_state_args(q, k, v, a, b, A_log, dt_bias, ssm_states)
     check_slots(slot_indices, n, ssm_states.shape[0])

@@ -2,6 +2,8 @@
 
 A step, per request and value head, on the state S ``[K, V]`` (the pool stores its transpose ``[V, K]``):
 ``S <- diag(exp(g)) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q`` (../shared/KDA.md section 1).
+A slot < 0 (padding) outputs zeros and its state is neither read nor written (SGLang 0.5.23's CUDA decode,
+``fused_recurrent_kda_packed_decode``); ``kda_prefill`` runs such a sequence from a zero state and stores nothing.
 """
 
 from __future__ import annotations
@@ -99,4 +101,7 @@ def kda_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, scale=No
     S = gather_states(ssm_states, slot_indices, dt)
     S, o = kda_step(S, qh, kh, v.to(dt), g, beta)
     scatter_states(ssm_states, slot_indices, S)
+    # a padded request (slot < 0) outputs zeros, as SGLang's CUDA decode kernel writes them
+    # (fused_recurrent_kda_packed_decode, fla/fused_recurrent.py:458-463)
+    o[slot_indices < 0] = 0
     return o.to(q.dtype)
