@@ -245,7 +245,8 @@ class Scheduler:
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
         initial_bs = batch.batch_size()
         finishing = self._reqs_finishing_inflight(batch)
-        batch.filter_batch(reqs_to_exclude=finishing)
+        if finishing:  # without, a no-op: get_next_batch_to_run has just dropped the finished requests
+            batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             batch.batch_is_full = False
             return batch
@@ -313,12 +314,13 @@ class Scheduler:
 
     def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
+        commit = self.tree_cache.commit_decode_track if mamba_tracks else None
         for req in reqs:
             if overlap and (req.finished_reason is not None or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
-            if mamba_tracks and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
-                self.tree_cache.commit_decode_track(req, mamba_tracks[id(req)])
+            if commit is not None and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
+                commit(req, mamba_tracks[id(req)])
             if req.finished_reason is not None:
                 self._finish(req, end_time, step)
 
