@@ -47,7 +47,9 @@ def segment_tokens(segments) -> np.ndarray:
     ends = np.cumsum(lens)
     total = int(ends[-1]) if len(ends) else 0
     # token i of the prompt in segment s starting at position p: s * 2**20 + (i - p); one repeat, one add
-    return np.repeat((ids << SEGMENT_BITS) - (ends - lens), lens) + np.arange(total, dtype=np.int64)
+    out = np.repeat((ids << SEGMENT_BITS) - (ends - lens), lens)
+    out += np.arange(total, dtype=np.int64)
+    return out
 
 
 def _plain_segments_total(segments: tuple) -> int | None:
