@@ -62,11 +62,6 @@ class Table:
     def _pack(self) -> None:
         if not self._buffer:
             return
-        columns = _plain_columns(self._buffer, len(self.columns)) if self.stream is None else None
-        if columns is not None:
-            self._buffer = []
-            self._chunks.append(columns)
-            return
         chunk = pd.DataFrame(self._buffer, columns=self.columns)  # pandas' own inference, chunk by chunk
         self._buffer = []
         self._chunks.append([chunk[c].to_numpy() for c in self.columns])
@@ -115,28 +110,6 @@ class Table:
             if stale:
                 write_table(pd.DataFrame({**data, **dropped}, columns=self.columns), self.stream, self.table_format)
         return pd.DataFrame(data, columns=keep)
-
-
-# A column of one plain Python type becomes what pandas' inference gives (DataFrame(rows)[c].to_numpy())
-_PLAIN_DTYPES = {int: np.int64, float: np.float64, bool: np.bool_, str: object}
-
-
-def _plain_columns(rows: list[tuple], width: int) -> list[np.ndarray] | None:
-    """The usual chunk's columns without building a DataFrame: None (pandas infers) when a column mixes types
-    (ints and floats, a None), holds another type, or an int outside int64."""
-    if any(len(r) != width for r in rows):
-        return None
-    out = []
-    for values in zip(*rows):
-        types = set(map(type, values))
-        dtype = _PLAIN_DTYPES.get(types.pop()) if len(types) == 1 else None
-        if dtype is None:
-            return None
-        try:
-            out.append(np.array(values, dtype=dtype))
-        except OverflowError:
-            return None
-    return out
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

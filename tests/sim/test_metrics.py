@@ -102,19 +102,3 @@ def test_a_streamed_step_table_is_not_rewritten_and_a_run_keeps_only_the_summary
     assert list(lean.steps.columns) == [c for c in STEP_COLUMNS if c in SUMMARY_STEP_COLUMNS]
     pd.testing.assert_frame_equal(lean.steps, plain.steps[list(lean.steps.columns)])
     assert json.dumps(lean.summary, default=float) == json.dumps(plain.summary, default=float)
-
-
-def test_plain_columns_are_what_pandas_infers_and_anything_else_is_left_to_pandas():
-    """The recorder's quick path packs a chunk without pandas only where each column holds one plain type."""
-    from sim.metrics import _plain_columns
-
-    plain = [(1, 0.5, True, "decode", -(2**63)), (2, float("nan"), False, "extend", 2**63 - 1)]
-    got = _plain_columns(plain, 5)
-    frame = pd.DataFrame(plain)
-    for i, column in enumerate(got):
-        expected = frame[i].to_numpy()
-        assert column.dtype == expected.dtype
-        pd.testing.assert_series_equal(pd.Series(column), pd.Series(expected))
-    assert [c.dtype.kind for c in got] == ["i", "f", "b", "O", "i"]
-    for mixed in ([(1,), (2.5,)], [(1,), (None,)], [(True,), (1,)], [(2**63,), (1,)], [(1, 2), (3,)]):
-        assert _plain_columns(mixed, len(mixed[0])) is None
