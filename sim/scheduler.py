@@ -86,6 +86,8 @@ class Scheduler:
         # that ran short ("kv" the full one, or "swa") and the SWA KV tokens held
         self.retraction_events: list[tuple] = []
         self.now = 0.0
+        self.num_finished = 0  # requests finished or aborted so far
+        self._filtered_at: tuple | None = None  # (running batch, num_finished) when it last dropped finished ones
 
     # ---------------------------------------------------------------- intake
     def add_request(self, req) -> bool:
@@ -108,6 +110,7 @@ class Scheduler:
         """SGLang's FINISH_ABORT: the request ends now, without output, and is reported."""
         req.finished_reason, req.aborted, req.abort_cause = "abort", True, cause
         req.finish_time = self.now
+        self.num_finished += 1
         self.step_aborted.append(req)
         if self.recorder is not None:
             self.recorder.on_finish(req)
@@ -133,10 +136,14 @@ class Scheduler:
                     running = ScheduleBatch(last.reqs, self.tree_cache, self.req_to_token_pool)
                 else:
                     running.merge_batch(last)
-        bs = running.batch_size()
-        running.filter_batch()
-        if running.batch_size() < bs:
-            running.batch_is_full = False
+        if self._filtered_at != (running, self.num_finished):
+            bs = running.batch_size()
+            running.filter_batch()
+            if running.batch_size() < bs:
+                running.batch_is_full = False
+        # No request of this batch can finish but through _finish/abort (which count): until the count moves, a
+        # filter would keep every request (what merges add comes filtered too).
+        self._filtered_at = (running, self.num_finished)
         self.running_batch = running
 
         new_batch = self.get_new_batch_prefill()
@@ -239,8 +246,10 @@ class Scheduler:
         near_end = [r for r in batch.reqs if r.num_output + 1 >= r.max_new_tokens]  # next_output_finishes_by_length
         if not near_end:
             return near_end
-        queued = set(map(id, self.result_queue[0].batch.reqs))
-        return [r for r in near_end if id(r) in queued]
+        queued = self.result_queue[0].batch.reqs
+        if len(near_end) > 8:  # a set pays off; for a few, `in` (identity first: Req has no __eq__) is cheaper
+            queued = set(queued)
+        return [r for r in near_end if r in queued]
 
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
         initial_bs = batch.batch_size()
@@ -329,6 +338,7 @@ class Scheduler:
         release_kv_cache(req, self.tree_cache, checkpoint=True)
         req.tokens_not_cached = owned - min(req.kv.cache_protected_len, owned)
         req.finish_time, req.finish_step = end_time, step
+        self.num_finished += 1
         req.drop_token_cache()
         if req.aborted:
             self.step_aborted.append(req)
