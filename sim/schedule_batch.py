@@ -60,8 +60,8 @@ class ScheduleBatch:
     def filter_batch(self, reqs_to_exclude=(), keep_indices=None) -> None:
         if keep_indices is None:
             if reqs_to_exclude:
-                exclude = set(map(id, reqs_to_exclude))
-                self.reqs = [r for r in self.reqs if r.finished_reason is None and id(r) not in exclude]
+                exclude = set(reqs_to_exclude)  # requests hash and compare by identity
+                self.reqs = [r for r in self.reqs if r.finished_reason is None and r not in exclude]
             else:
                 self.reqs = [r for r in self.reqs if r.finished_reason is None]
         else:

@@ -246,9 +246,7 @@ class Scheduler:
         near_end = [r for r in batch.reqs if r.num_output + 1 >= r.max_new_tokens]  # next_output_finishes_by_length
         if not near_end:
             return near_end
-        queued = self.result_queue[0].batch.reqs
-        if len(near_end) > 8:  # a set pays off; for a few, `in` (identity first: Req has no __eq__) is cheaper
-            queued = set(queued)
+        queued = set(self.result_queue[0].batch.reqs)  # Req hashes and compares by identity
         return [r for r in near_end if r in queued]
 
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
