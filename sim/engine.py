@@ -261,7 +261,7 @@ class Simulation:
             self._free_kv(sched), tree.evictable_size(), tree.protected_size(), pool.available_size(),
             mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(), *self._swa_sizes(sched),
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
-            self._partial_page_tokens(sched), sum(r.kv.kv_allocated_len for r in sched.running_batch.reqs),
+            self._partial_page_tokens(sched), sum([r.kv.kv_allocated_len for r in sched.running_batch.reqs]),
             *scheduled, mamba_evicted,
         ))
         sched.step_retracted = 0

@@ -40,9 +40,12 @@ class PrefillAdder:
         self._mamba = tree_cache.supports_mamba()
         self.running_batch = running_batch
         self.req_states: list | None = None  # add_one_req_ignore_eos: (tokens_left, tokens_occupied), sorted
+        total = self.total_offset  # added one request at a time, in order: float sums depend on the order
         for r in running_batch.reqs:
-            ratio = 1.0 if r.ignore_eos else new_token_ratio
-            self.total_offset += min(r.max_new_tokens - r.num_output, CLIP_MAX_NEW_TOKENS) * ratio
+            left = r.max_new_tokens - r.num_output
+            total += (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * \
+                (1.0 if r.ignore_eos else new_token_ratio)
+        self.total_offset = total
 
     # ---------------------------------------------------------------- budget
     def _avail(self) -> int:

@@ -100,14 +100,14 @@ class Req:
 
     def append_output(self) -> None:
         """One sampled token; update the finish state as ``update_finish_state`` does."""
-        self.num_output += 1
+        n = self.num_output = self.num_output + 1
         if self.to_finish is not None:  # a pending abort wins over every other finish
             self.finished_reason, self.aborted, self.abort_cause = "abort", True, self.to_finish
             self.to_finish = None
             return
-        if self.num_output >= self.max_new_tokens:
+        if n >= self.max_new_tokens:
             self.finished_reason = "length"
-        elif not self.ignore_eos and self.num_output >= self.target_output_len:
+        elif n >= self.target_output_len and not self.ignore_eos:
             self.finished_reason = "stop"
 
     def reset_for_retract(self) -> None:

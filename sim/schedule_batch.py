@@ -60,8 +60,8 @@ class ScheduleBatch:
     def filter_batch(self, reqs_to_exclude=(), keep_indices=None) -> None:
         if keep_indices is None:
             if reqs_to_exclude:
-                exclude = set(map(id, reqs_to_exclude))
-                self.reqs = [r for r in self.reqs if r.finished_reason is None and id(r) not in exclude]
+                exclude = set(reqs_to_exclude)  # requests hash and compare by identity
+                self.reqs = [r for r in self.reqs if r.finished_reason is None and r not in exclude]
             else:
                 self.reqs = [r for r in self.reqs if r.finished_reason is None]
         else:
@@ -102,14 +102,17 @@ class ScheduleBatch:
     def prepare_for_decode(self) -> None:
         """One new KV slot per request (SGLang allocates it before the forward)."""
         self.forward_mode = "decode"
-        self.decode_seq_lens = [r.kv.kv_committed_len + 1 for r in self.reqs]
         if self.tree_cache.supports_swa():
             self.evict_swa()
         alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
+        seq_lens = []  # kv_committed_len + 1 before the allocation, i.e. after it; one pass over the batch
         for r in self.reqs:
             r.decode_batch_idx += 1
+            seq_lens.append(r.kv.kv_committed_len)
+        self.decode_seq_lens = seq_lens
         if self.tree_cache.supports_mamba():
-            tracks = {id(r): t for r in self.reqs if (t := self.tree_cache.track_after_decode(r)) is not None}
+            track = self.tree_cache.track_after_decode
+            tracks = {id(r): t for r in self.reqs if (t := track(r)) is not None}
             self.mamba_tracks = tracks or None
 
     def evict_swa(self) -> None:

@@ -86,6 +86,8 @@ class Scheduler:
         # that ran short ("kv" the full one, or "swa") and the SWA KV tokens held
         self.retraction_events: list[tuple] = []
         self.now = 0.0
+        self.num_finished = 0  # requests finished or aborted so far
+        self._filtered_at: tuple | None = None  # (running batch, num_finished) when it last dropped finished ones
 
     # ---------------------------------------------------------------- intake
     def add_request(self, req) -> bool:
@@ -108,6 +110,7 @@ class Scheduler:
         """SGLang's FINISH_ABORT: the request ends now, without output, and is reported."""
         req.finished_reason, req.aborted, req.abort_cause = "abort", True, cause
         req.finish_time = self.now
+        self.num_finished += 1
         self.step_aborted.append(req)
         if self.recorder is not None:
             self.recorder.on_finish(req)
@@ -133,10 +136,14 @@ class Scheduler:
                     running = ScheduleBatch(last.reqs, self.tree_cache, self.req_to_token_pool)
                 else:
                     running.merge_batch(last)
-        bs = running.batch_size()
-        running.filter_batch()
-        if running.batch_size() < bs:
-            running.batch_is_full = False
+        if self._filtered_at != (running, self.num_finished):
+            bs = running.batch_size()
+            running.filter_batch()
+            if running.batch_size() < bs:
+                running.batch_is_full = False
+        # No request of this batch can finish but through _finish/abort (which count): until the count moves, a
+        # filter would keep every request (what merges add comes filtered too).
+        self._filtered_at = (running, self.num_finished)
         self.running_batch = running
 
         new_batch = self.get_new_batch_prefill()
@@ -203,7 +210,7 @@ class Scheduler:
         # ones (less the continuing chunked request, which is not queued) are the head of the queue.
         num_admitted = len(can_run) - (continuing is not None)
         if num_admitted and self.waiting_queue[num_admitted - 1] is can_run[-1]:
-            self.waiting_queue = self.waiting_queue[num_admitted:]
+            del self.waiting_queue[:num_admitted]  # in place: a memmove, not a copy of the long queue
         elif num_admitted:
             chosen = set(map(id, can_run))
             self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
@@ -239,13 +246,14 @@ class Scheduler:
         near_end = [r for r in batch.reqs if r.num_output + 1 >= r.max_new_tokens]  # next_output_finishes_by_length
         if not near_end:
             return near_end
-        queued = set(map(id, self.result_queue[0].batch.reqs))
-        return [r for r in near_end if id(r) in queued]
+        queued = set(self.result_queue[0].batch.reqs)  # Req hashes and compares by identity
+        return [r for r in near_end if r in queued]
 
     def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
         initial_bs = batch.batch_size()
         finishing = self._reqs_finishing_inflight(batch)
-        batch.filter_batch(reqs_to_exclude=finishing)
+        if finishing:  # without, a no-op: get_next_batch_to_run has just dropped the finished requests
+            batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             batch.batch_is_full = False
             return batch
@@ -313,12 +321,13 @@ class Scheduler:
 
     def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
+        commit = self.tree_cache.commit_decode_track if mamba_tracks else None
         for req in reqs:
             if overlap and (req.finished_reason is not None or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
-            if mamba_tracks and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
-                self.tree_cache.commit_decode_track(req, mamba_tracks[id(req)])
+            if commit is not None and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
+                commit(req, mamba_tracks[id(req)])
             if req.finished_reason is not None:
                 self._finish(req, end_time, step)
 
@@ -327,6 +336,7 @@ class Scheduler:
         release_kv_cache(req, self.tree_cache, checkpoint=True)
         req.tokens_not_cached = owned - min(req.kv.cache_protected_len, owned)
         req.finish_time, req.finish_step = end_time, step
+        self.num_finished += 1
         req.drop_token_cache()
         if req.aborted:
             self.step_aborted.append(req)

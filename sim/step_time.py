@@ -365,10 +365,10 @@ class AnalyticStepTime:
             pairs_prefill += e * p + e * (e + 1) // 2
             context_tokens += p + e
         if batch.forward_mode != "extend":
-            for s in batch.decode_seq_lens:
-                decode_tokens += 1
-                pairs_decode += s
-                context_tokens += s
+            seq_lens = batch.decode_seq_lens  # ints: the sum is exact in any order
+            decode_tokens = len(seq_lens)
+            pairs_decode = sum(seq_lens)
+            context_tokens += pairs_decode
         return self.time_of(prefill_tokens, decode_tokens, pairs_prefill, pairs_decode, context_tokens,
                             len(batch.reqs))
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
-from traces.request import Request, fold_segment_id
+from traces.request import NUM_SEGMENT_IDS, Request, fold_segment_id
 
 FORMAT = "mooncake"
 BLOCK_SIZE = 512  # tokens per hash_ids entry
@@ -25,7 +25,7 @@ def looks_like(first: dict) -> bool:
 
 def block_segments(hash_ids: list[int], input_len: int) -> tuple[tuple[int, int], ...]:
     last = input_len - BLOCK_SIZE * (len(hash_ids) - 1)
-    segs = [(fold_segment_id(h), BLOCK_SIZE) for h in hash_ids]
+    segs = [(h if 0 <= h < NUM_SEGMENT_IDS else fold_segment_id(h), BLOCK_SIZE) for h in hash_ids]  # skip a call
     segs[-1] = (segs[-1][0], last)
     return tuple(segs)
 

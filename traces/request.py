@@ -46,8 +46,24 @@ def segment_tokens(segments) -> np.ndarray:
     ids, lens = arr[:, 0], arr[:, 1]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if len(ends) else 0
-    offsets = np.arange(total, dtype=np.int64) - np.repeat(ends - lens, lens)
-    return np.repeat(ids << SEGMENT_BITS, lens) + offsets
+    # token i of the prompt in segment s starting at position p: s * 2**20 + (i - p); one repeat, one add
+    out = np.repeat((ids << SEGMENT_BITS) - (ends - lens), lens)
+    out += np.arange(total, dtype=np.int64)
+    return out
+
+
+def _plain_segments_total(segments: tuple) -> int | None:
+    """The lengths' sum when every pair is a tuple of two plain ints in range, else None (a quick check)."""
+    total = 0
+    for pair in segments:
+        if type(pair) is not tuple or len(pair) != 2:
+            return None
+        seg, n = pair
+        if type(seg) is not int or type(n) is not int or not (0 <= seg < NUM_SEGMENT_IDS
+                                                               and 1 <= n <= MAX_SEGMENT_LEN):
+            return None
+        total += n
+    return total
 
 
 def _is_int(x) -> bool:
@@ -126,6 +142,8 @@ class Request:
     def _segments_problem(self) -> tuple[str, str] | None:
         if not isinstance(self.segments, tuple) or not self.segments:
             return "segments", "must be a non-empty tuple of (segment_id, length) pairs"
+        if _plain_segments_total(self.segments) == self.input_len:
+            return None  # the usual case; anything else is named by the loop below
         total = 0
         for pair in self.segments:
             if not isinstance(pair, tuple) or len(pair) != 2:
