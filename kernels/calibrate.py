@@ -364,7 +364,7 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
         if outdir is not None:
             outdir.write_text("calibration.json", json.dumps(record, indent=2, default=str) + "\n")
 
-    replay = DeviceReplay(model, plan, opts)
+    replay = DeviceReplay(model, plan, opts, cuda_graph_max_bs=cost.cuda_graph_max_bs)
     kinds: dict[str, int] = {}
     for lid, layer in enumerate(model.layers):
         kinds.setdefault(f"{layer.mixer}+{layer.mlp}", 0)
@@ -402,7 +402,8 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
                             "write_req_to_token_steps": replay.step, "triton_steps": replay.triton_checked,
                             "guard_slots": "untouched" if not guards else f"written: {', '.join(guards)}"}
     record["replay"] = {"steps": replay.step, "measured": len(replay.rows), "stopped": replay.stopped,
-                        "warmup_s": round(replay.warmup_s, 3), "step_table_equal": True,
+                        "warmup_s": round(replay.warmup_s, 3), "graphs": replay.graphs_summary(),
+                        "step_table_equal": True,
                         "timer": "synthetic" if truth is not None else ("cuda events" if info["type"] == "cuda"
                                                                           else "cpu wall")}
     steps = pd.DataFrame(replay.rows, columns=list(STEP_FIELDS))
