@@ -333,6 +333,7 @@ class ReplayOptions:
     warmup: int = 2  # untimed forwards before the first timed step of each kind
     triton_steps: int = 0  # the first N measured decode steps run the Triton kernels (TRITON_INTERPRET=1 on a CPU)
     seed: int = 0
+    repeat: int = 1  # replay (and fit) this many times; runs after the first are compared with it (REPEAT_AGREE)
     synthetic: object = None  # a callable(shape) -> seconds that stands in for the measurement (CPU tests)
 
 
