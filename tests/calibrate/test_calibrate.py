@@ -127,10 +127,18 @@ def test_heldout_blocks_are_contiguous():
 def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     out = tmp_path / "cal"
     args = ["--model", "kimi-linear-48b-a3b", "--gpu", "H200", *SMALL]
-    res = runner.invoke(app, ["calibrate", str(chat_trace), *args, "--device", "cpu", "--tiny", "--out", str(out)])
+    res = runner.invoke(app, ["calibrate", str(chat_trace), *args, "--device", "cpu", "--tiny", "--out", str(out),
+                              "--repeat", "2"])
     assert res.exit_code == 0, res.output
     rec = json.loads((out / "calibration.json").read_text())
     assert rec["phase"] == "done" and rec["fixture_only"] is True
+    # the second run (the synthetic timer's noise drawn again) agrees with the first within 3 %
+    rep = rec["repeat"]
+    assert rep["runs"] == 2 and rep["agree"] is True and rep["max_rel_diff"] <= 0.03
+    assert sorted(rep["each"][0]["compared"]) == ["fitted decode total", "fitted prefill total",
+                                                  "median decode step", "median prefill step"]
+    assert sorted(rep["each"][0]["coefficients"]) == sorted(rec["fit"]["fitted"])
+    assert "two runs agree: yes" in res.output
     assert rec["pool_check"]["mismatches"] == 0
     assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 50
     assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
