@@ -455,7 +455,10 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
                             "write_req_to_token_steps": replay.step, "triton_steps": replay.triton_checked,
                             "guard_slots": "untouched" if not guards else f"written: {', '.join(guards)}"}
     record["replay"] = {"steps": replay.step, "measured": len(replay.rows), "stopped": replay.stopped,
-                        "warmup_s": round(replay.warmup_s, 3), "graphs": replay.graphs_summary(),
+                        "warmup_s": round(replay.warmup_s, 3),
+                        "graphs": {**replay.graphs_summary(), "prefill": (
+                            "eager; SGLang captures breakable prefill graphs for this model (the step-time model "
+                            "prices them), the replay does not" if cost.prefill_cuda_graph else "eager, as SGLang")},
                         "step_table_equal": True,
                         "timer": "synthetic" if truth is not None else ("cuda events" if info["type"] == "cuda"
                                                                           else "cpu wall")}

@@ -290,16 +290,7 @@ class CudaGraphRunner:
             "dec_rows", "dec_seq_lens", "dec_loc") + (("dec_slots",) if padded.dec_slots is not None else ())})
         static = (static_inp, live.clone(), ids.clone())
         segs = self.forward.segments(static_inp, static[2], static[1])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: cuBLAS workspaces, Triton compilation and autotuning
-            x = None
-            for _, _, fn in segs:
-                x = fn(x)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()  # one pool for every bucket, as SGLang shares one
+        self._warm_up(segs)
         entries, x = [], None
         for label, safe, fn in segs:
             if not safe:  # runs eager at replay; the next graph reads a static copy of its output
@@ -307,15 +298,43 @@ class CudaGraphRunner:
                 entries.append((label, None, fn, None, None))
                 x = torch.empty_like(x)
                 continue
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = fn(x)
-            graph.replay()  # real values in ``out``: an eager segment after it reads them
+            graph, out = self._capture_segment(fn, x)
             entries.append((label, graph, fn, x, out))
             x = out
-        torch.cuda.synchronize()
+        self._synchronize()
         self.captured[bs], self.static[bs] = entries, static
         self.capture_s += time.perf_counter() - t0
+
+    # the CUDA pieces of a capture (a CPU test stands fakes in for them to check the static-buffer plumbing)
+    def _warm_up(self, segs):
+        """One eager pass on a side stream before capturing: cuBLAS workspaces, Triton compilation, autotuning."""
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x = None
+            for _, _, fn in segs:
+                x = fn(x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    def _capture_segment(self, fn, x):
+        """A CUDA graph of ``fn(x)`` (``x`` its static input), and its static output, holding real values."""
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one pool for every bucket, as SGLang shares one
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn(x)
+        graph.replay()  # real values in ``out``: an eager segment after it reads them
+        return graph, out
+
+    def _synchronize(self):
+        import torch
+
+        torch.cuda.synchronize()
 
     def summary(self) -> dict:
         return {"capture_bs": self.capture_bs, "captured": sorted(self.captured), "capture": self.capture,

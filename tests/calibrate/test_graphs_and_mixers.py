@@ -170,3 +170,69 @@ def test_calibrate_tiny_hybrids(tiny_trace, tmp_path, model, extra, kinds):
         want = CudaGraphRunner(None, graphs["capture_bs"], False).bucket(
             "decode" if row["kind"] == "decode" else "extend", int(row["batch_size"]))
         assert int(row["graph_bs"]) == (want or 0)
+
+
+class _FakeGraph:
+    """Stands in for a CUDA graph on a CPU: replay recomputes the captured segment from its static input into its
+    static output, as a real replay rewrites the captured output buffer from whatever the input buffers hold."""
+
+    def __init__(self, fn, x, out):
+        self.fn, self.x, self.out = fn, x, out
+
+    def replay(self):
+        self.out.copy_(self.fn(self.x))
+
+
+class _FakeCaptureRunner(CudaGraphRunner):
+    def _warm_up(self, segs):
+        pass
+
+    def _capture_segment(self, fn, x):
+        out = fn(x)
+        return _FakeGraph(fn, x, out), out
+
+    def _synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("model_name", ["llama-3.1-8b", "qwen3-30b-a3b"])  # dense; MoE (eager between graphs)
+def test_graph_replay_reads_each_steps_inputs(model_name):
+    """The capture path's plumbing on a CPU (fake graphs): every step's padded inputs are copied into the static
+    buffers the graphs read, an eager MoE segment's output into the next graph's input, and the logits equal an
+    eager forward over the same padded inputs. (Requires CUDA for the real capture: test_calibrate_on_cuda_tiny.)"""
+    from kernels.replay import CpuTimer
+    from kernels.standin import Dims, StandInForward, select_layers
+    from pools.kv_cache import MHATokenToKVPool
+    from pools.model_config import ModelConfig
+
+    model = ModelConfig.load(model_name)
+    dims = Dims.tiny(model)
+    layer_ids, _ = select_layers(model, "unit")
+    kv = MHATokenToKVPool(100, 1, "float32", dims.kv_heads, dims.head_dim, len(layer_ids), device="cpu",
+                          v_head_dim=dims.v_head_dim)
+    table = torch.zeros(6, 16, dtype=torch.int32)  # row 0 unused (the padding row), rows 1-5: slots 1-80
+    table[1:] = torch.arange(1, 81, dtype=torch.int32).reshape(5, 16)
+    forward = StandInForward(model, dims, layer_ids, "cpu", torch.float32, kv_pool=kv, req_to_token=table)
+    graphs = _FakeCaptureRunner(forward, [1, 2, 4, 8], capture=True)
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+
+    def step(rows, lens):
+        rows, lens = t(rows), t(lens)
+        return StepInputs(t([]), t([]), t([]), t([]), rows, lens, table[rows, lens - 1].long(), None, None)
+
+    timer = CpuTimer("cpu")
+    for i, (rows, lens) in enumerate([([1, 2, 3], [5, 3, 7]), ([4, 2], [9, 4]), ([5, 1, 3], [2, 6, 8])]):
+        inp = step(rows, lens)
+        bs = graphs.bucket("decode", len(rows))
+        assert bs == 4 if len(rows) == 3 else bs == 2
+        timer.start()
+        got = graphs.run(inp, bs, timer, step_seed=i)
+        padded, live = CudaGraphRunner.pad(inp, bs)
+        want = forward.forward(padded, CpuTimer("cpu"), step_seed=i, live=live)[:len(rows)]
+        assert got.shape == want.shape and torch.equal(got, want), i
+        labels = [m[0] for m in timer.marks[1:]]
+        assert labels == ["embed", *[lid for lid in layer_ids for _ in range(2)], "head"]
+    assert sorted(graphs.captured) == [2, 4] and graphs.replays == {4: 2, 2: 1}
+    eager = [e[0] for e in graphs.captured[4] if e[1] is None]
+    assert eager == ([] if model_name == "llama-3.1-8b" else layer_ids)  # the MoE segments stay eager
+    assert kv.k_buffer[0][0].abs().max() == 0  # padding rows (zero hidden state) stored zeros into slot 0
