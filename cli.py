@@ -982,7 +982,7 @@ def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | 
 
 # ---------------------------------------------------------------- device replay: calibrate / validate
 def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
-            calibration, refit):
+            calibration, refit, repeat=1):
     """Shared by calibrate and validate: the trace through the pools on a device (kernels.calibrate)."""
     import os
 
@@ -1004,7 +1004,10 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
     from kernels.calibrate import calibrate as run_calibration
 
     opts = ReplayOptions(device=device, tiny=tiny, layers=layers or ("unit" if tiny else "full"),
-                         max_steps=max_steps, budget_s=budget_s, triton_steps=triton_steps, seed=seed)
+                         max_steps=max_steps, budget_s=budget_s, triton_steps=triton_steps, seed=seed,
+                         repeat=repeat)
+    if repeat < 1:
+        _fail(ValueError(f"--repeat {repeat}: expected 1 or more runs"))
     try:
         loaded = _load_trace(trace, fmt, False)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
@@ -1029,6 +1032,8 @@ LAYERS_OPT = typer.Option(None, "--layers", help="full | unit (one layer per kin
                                                   "(default: full; unit with --tiny).")
 MAX_STEPS_OPT = typer.Option(None, "--max-steps", help="Measure at most N steps (pools are checked on every step).")
 BUDGET_OPT = typer.Option(None, "--budget-s", help="Stop measuring after S seconds of replay.")
+REPEAT_OPT = typer.Option(1, "--repeat", help="Replay N times; runs 2.. are compared with the first (per-kind "
+                                                "median step time, fitted coefficients; they agree within 3 %).")
 TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured steps through the Triton kernels "
                                                     "(TRITON_INTERPRET=1 on a CPU).")
 
@@ -1043,14 +1048,20 @@ def calibrate(
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Path = typer.Option(..., "--out", help="Folder for calibration.json, steps.csv, report.md, calibration.png."),
+    repeat: int = REPEAT_OPT,
 ) -> None:
     """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json."""
-    rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True)
+    rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True,
+                  repeat)
     f = rec["fit"]
     typer.echo(f"fit: {', '.join(f['fitted']) or f.get('note') or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
                f"held-out {f['mape_heldout']:.2%} (before: {f['before']['mape_heldout']:.2%}); "
                f"pool check {rec['pool_check']['steps']} steps, {rec['pool_check']['mismatches']} mismatches; "
                f"{rec['wall_s']:.1f} s")
+    if rec.get("repeat"):
+        r = rec["repeat"]
+        typer.echo(f"two runs agree: {'yes' if r['agree'] else 'NO'} (max relative difference {r['max_rel_diff']:.2%}, "
+                   f"threshold {r['threshold']:.0%}, {r['runs']} runs)")
     if rec["fixture_only"]:
         typer.echo("synthetic timer: this calibration is a test fixture, not a GPU measurement")
     typer.echo(f"wrote {out}/calibration.json (use: poolsim run --calibration {out}/calibration.json)")

@@ -3,9 +3,13 @@
 Shapes: Kimi-Linear KDA (H = HV = 32, K = V = 128, fp32 state pool, conv over 3*32*128 channels, width 4),
 Kimi-Linear MLA (32 heads over a 512 + 64 latent), Llama-3-70B at tp8 (8 query heads on 1 KV head of 128).
 Bandwidth is the compulsory HBM traffic of a call divided by its time, as a fraction of the H200's 4.8 TB/s
-spec and ~4.3 TB/s realistic copy ceiling (../shared/KDA.md section 6). Every timed call touches memory
-the previous calls did not (rotation over pools far larger than the 50 MB L2), and a batch of calls is
-replayed from one CUDA graph so small batches are not launch-bound; times are per call.
+spec and ~4.3 TB/s realistic copy ceiling (../shared/KDA.md section 6); decode attention counts the KV once per
+head tile that reads it (each tile of 16 query heads is its own program). Timed calls rotate over disjoint sets
+of slots / rows / sources sized from the device's L2 (``L2_cache_size``): the sets of one rotation together
+exceed twice the L2, so a set is out of L2 when its turn comes again; where the pool cannot hold that many sets
+(tiny stores), the row says so and its GB/s is not an HBM figure. A rotation is replayed from one CUDA graph so
+small batches are not launch-bound. Each row is the median over ``reps`` timed replays with the min-max spread;
+the first (eager) pass, where Triton compiles and fla autotunes, is excluded and reported as ``warm-up``.
 
     python bench/kernels_gpu.py             # on a CUDA machine (~3 min on an H200)
     python bench/kernels_gpu.py --dry-run   # anywhere: tiny fp32 shapes through Triton's CPU interpreter
@@ -54,8 +58,9 @@ class Shapes:
     prefill_tokens: int
     prefill_lens: list[int]
     sweep_batch: int
-    max_sets: int = 64
-    reps: int = 5
+    max_sets: int = 2048  # calls in one rotation (one CUDA graph), at most
+    reps: int = 7  # timed replays of a rotation: median and spread
+    l2_bytes: int | None = None  # None: the device's L2_cache_size
 
 
 REAL = Shapes(batches=[1, 8, 64, 256], heads=32, head_dim=128, state_slots=2048, conv_width=4, conv_slots=8192,
@@ -64,8 +69,30 @@ REAL = Shapes(batches=[1, 8, 64, 256], heads=32, head_dim=128, state_slots=2048,
               prefill_lens=[1, 63, 700, 2048, 4096, 1285], sweep_batch=256)
 DRY = Shapes(batches=[1, 3], heads=2, head_dim=16, state_slots=40, conv_width=4, conv_slots=40,
              gqa_q_heads=4, gqa_kv_heads=1, gqa_dim=16, mla_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
-             mla_scale_dim=24, seq_len=40, kv_pool_tokens=1000, prefill_tokens=50, prefill_lens=[1, 20, 70],
-             sweep_batch=3, max_sets=3, reps=1)
+             mla_scale_dim=24, seq_len=40, kv_pool_tokens=1000, prefill_tokens=16, prefill_lens=[1, 20, 70],
+             sweep_batch=3, max_sets=3, reps=2, l2_bytes=2048)  # an L2 both rotation notes show up against
+
+
+def size(nbytes: float) -> str:
+    return f"{nbytes / MiB:.0f} MiB" if nbytes >= MiB else f"{nbytes / 1024:.1f} KiB"
+
+
+@dataclass
+class Timing:
+    """Seconds per call: the median over ``samples`` timed passes and their spread; the untimed warm-up pass."""
+
+    median: float
+    lo: float
+    hi: float
+    samples: int
+    warmup_s: float = 0.0
+
+    @staticmethod
+    def of(per_call: list[float], warmup_s: float = 0.0) -> "Timing":
+        xs = sorted(per_call)
+        mid = len(xs) // 2
+        median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+        return Timing(median, xs[0], xs[-1], len(xs), warmup_s)
 
 
 @dataclass
@@ -73,17 +100,26 @@ class Row:
     kernel: str
     shape: str
     batch: int
-    seconds: float
+    timing: Timing
     bytes: int
     note: str = ""
 
+    @property
+    def seconds(self) -> float:
+        return self.timing.median
+
     def cells(self) -> list[str]:
-        bw = self.bytes / self.seconds if self.seconds > 0 else 0.0
-        return [self.kernel, self.shape, str(self.batch), f"{self.seconds * 1e6:.1f}", f"{bw / 1e9:.0f}",
-                f"{bw / HBM_SPEC:.0%}", f"{bw / HBM_REAL:.0%}", self.note]
+        t = self.timing
+        bw = self.bytes / t.median if t.median > 0 else 0.0
+        return [self.kernel, self.shape, str(self.batch), f"{t.median * 1e6:.1f}",
+                f"{t.lo * 1e6:.1f}-{t.hi * 1e6:.1f} (n={t.samples})", f"{bw / 1e9:.0f}",
+                f"{bw / HBM_SPEC:.0%}", f"{bw / HBM_REAL:.0%}", f"{t.warmup_s:.2f}", self.note]
 
 
-HEADER = ["kernel", "shape", "batch", "us/call", "GB/s", "of 4.8 TB/s", "of 4.3 TB/s", "note"]
+HEADER = ["kernel", "shape", "batch", "us/call (median)", "min-max us", "GB/s", "of 4.8 TB/s", "of 4.3 TB/s",
+          "warm-up s", "note"]
+CSV_HEADER = ["kernel", "shape", "batch", "seconds", "bytes", "seconds_min", "seconds_max", "samples", "warmup_s",
+              "note"]
 
 
 @dataclass
@@ -114,6 +150,8 @@ class Bench:
         self.dtype = torch.float32 if dry_run else torch.bfloat16  # the interpreter's bf16 arithmetic is wrong
         self.report = Report()
         self.gen = torch.Generator(device=self.dev).manual_seed(0)
+        self.l2 = shapes.l2_bytes if shapes.l2_bytes is not None else int(getattr(
+            torch.cuda.get_device_properties(0), "L2_cache_size", 50 * MiB))
 
     # ---------------------------------------------------------------- helpers
     def randn(self, *shape, dtype=None, scale=1.0):
@@ -123,34 +161,46 @@ class Bench:
     def perm(self, n: int, start: int = 1):
         return self.torch.randperm(n - start, device=self.dev, generator=self.gen) + start
 
-    def per_call(self, calls) -> float:
-        """Seconds per call: eager warm-up (autotune, index checks), then CUDA-graph replays of the whole list."""
+    def per_call(self, calls) -> Timing:
+        """Seconds per call: one eager pass (compile, autotune, index checks: the warm-up, timed apart), then
+        ``reps`` timed passes over the whole rotation, each a CUDA-graph replay between two events."""
         torch = self.torch
+        t0 = time.perf_counter()
         for c in calls:
             c()
+        if not self.dry:
+            torch.cuda.synchronize()
+        warmup = time.perf_counter() - t0
+        samples = []
         if self.dry:
-            t0 = time.perf_counter()
-            for c in calls:
-                c()
-            return (time.perf_counter() - t0) / len(calls)
-        torch.cuda.synchronize()
+            for _ in range(self.s.reps):
+                t0 = time.perf_counter()
+                for c in calls:
+                    c()
+                samples.append((time.perf_counter() - t0) / len(calls))
+            return Timing.of(samples, warmup)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for c in calls:
                 c()
         graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(self.s.reps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(self.s.reps + 1)]
+        events[0].record()
+        for e in events[1:]:
             graph.replay()
-        end.record()
+            e.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / (self.s.reps * len(calls))
+        return Timing.of([a.elapsed_time(b) / 1e3 / len(calls) for a, b in zip(events, events[1:])], warmup)
 
-    def sets(self, batch: int, capacity: int) -> int:
-        """How many disjoint batches of ``batch`` units the pool holds, capped: the rotation length."""
-        return max(1, min(self.s.max_sets, capacity // max(1, batch)))
+    def sets(self, batch: int, capacity: int, bytes_per_call: int) -> tuple[int, str]:
+        """The rotation: how many disjoint batches of ``batch`` units (of ``capacity``) to cycle through so that
+        together they exceed twice the L2, capped by the pool and ``max_sets``; and the row's note about it."""
+        want = -(-2 * self.l2 // max(1, bytes_per_call))
+        r = max(1, min(self.s.max_sets, capacity // max(1, batch), want))
+        touched = r * bytes_per_call
+        if r >= want:
+            return r, f"rotating {r} sets ({size(touched)} > 2x L2)"
+        return r, f"rotating {r} sets: {size(touched)} fits in 2x L2 ({size(self.l2)}), GB/s not HBM"
 
     # ---------------------------------------------------------------- checks at real shapes
     def run_checks(self, k):
@@ -266,7 +316,7 @@ class Bench:
         slots = torch.tensor([5, -1, 2, 9][:len(lens)], device=self.dev)
         has_init = torch.tensor([True, True, False, True][:len(lens)], device=self.dev)
         ref_pool = pool.clone()
-        # the token-by-token reference: an algorithm independent of the chunked one the dry run stands in with
+        # the token-by-token torch reference against the kernel path (fla; in the dry run Triton kda_decode steps)
         ref = prefill_naive.kda_prefill_recurrent(*[t.float() for t in inputs], ref_pool, slots, cu, has_init)
         out = k["kda_prefill"].kda_prefill(*inputs, pool, slots, cu, has_init)
         live = slots[slots >= 0]
@@ -305,14 +355,15 @@ class Bench:
         for n in s.batches:
             inputs = self.kda_inputs(n)
             per_req = 2 * h * d * d * 4 + (2 * h * d + 2 * h * d + h * d) * inputs[0].element_size() + h * 2 + 8
-            r = self.sets(n, s.state_slots - 1)
+            r, rot = self.sets(n, s.state_slots - 1, n * per_req)
             order = self.perm(s.state_slots)
             slot_sets = [order[i * n:(i + 1) * n].contiguous() for i in range(r)]
             calls = [partial(fused.kda_decode, *inputs, pool, sl) for sl in slot_sets]
-            rep.add(Row("kda_decode", shape, n, self.per_call(calls), n * per_req, f"rotating {r} slot sets"))
+            rep.add(Row("kda_decode", shape, n, self.per_call(calls), n * per_req, rot))
             if has_fla:
                 calls = [partial(self.fla_decode, inputs, pool, sl) for sl in slot_sets]
-                rep.add(Row("fla fused_recurrent_kda (baseline)", shape, n, self.per_call(calls), n * per_req))
+                rep.add(Row("fla fused_recurrent_kda (baseline)", shape, n, self.per_call(calls), n * per_req,
+                            rot + "; warm-up = fla's first call (autotune)"))
             if n == s.sweep_batch:
                 for bv, warps in ((16, 1), (32, 1), (32, 2), (64, 2), (64, 4), (128, 4), (128, 8)):
                     if bv > d:
@@ -320,7 +371,7 @@ class Bench:
                     calls = [partial(fused.kda_decode_fwd, *inputs, pool, sl, d ** -0.5, bv, warps)
                              for sl in slot_sets]
                     rep.add(Row("kda_decode sweep", shape, n, self.per_call(calls), n * per_req,
-                                f"BV={bv} num_warps={warps}"))
+                                f"BV={bv} num_warps={warps}, {rot}"))
 
     def time_conv(self, k):
         torch, s, rep = self.torch, self.s, self.report
@@ -329,14 +380,14 @@ class Bench:
         weight = self.randn(dim, w, dtype=torch.float32)
         esz = conv.element_size()
         for n in s.batches:
-            x = self.randn(n, dim)
-            r = self.sets(n, s.conv_slots - 1)
+            nbytes = n * (2 * dim * (w - 1) * esz + 2 * dim * esz + 8) + dim * w * 4
+            r, rot = self.sets(n, s.conv_slots - 1, nbytes)
+            xs = self.randn(r * n, dim)  # a fresh input per call too: it is part of the traffic
             order = self.perm(s.conv_slots)
-            calls = [partial(k["conv1d_update"].conv1d_update, x, conv.transpose(-1, -2), weight, None,
-                             order[i * n:(i + 1) * n].contiguous()) for i in range(r)]
-            nbytes = n * (2 * dim * (w - 1) * esz + 2 * dim * x.element_size() + 8) + dim * w * 4
+            calls = [partial(k["conv1d_update"].conv1d_update, xs[i * n:(i + 1) * n], conv.transpose(-1, -2), weight,
+                             None, order[i * n:(i + 1) * n].contiguous()) for i in range(r)]
             rep.add(Row("conv1d_update", f"dim {dim} W{w}, pool {conv.numel() * esz / MiB:.0f} MiB", n,
-                        self.per_call(calls), nbytes, f"rotating {r} slot sets"))
+                        self.per_call(calls), nbytes, rot))
 
     def attention_batches(self, n: int, r: int):
         """``r`` disjoint request-row sets of ``n`` requests, each with seq_len distinct random KV slots."""
@@ -365,19 +416,22 @@ class Bench:
             "mla": (mb, mb[..., :s.kv_lora_rank], s.mla_heads, s.mla_scale_dim ** -0.5, lat * esz, lat,
                     s.kv_lora_rank, -(-s.mla_heads // 16), f"H{s.mla_heads} latent {s.kv_lora_rank}+{s.qk_rope_head_dim}"),
         }
+        kv_heads = {"gqa": s.gqa_kv_heads, "mla": 1}
         for kind, (kbuf, vbuf, hq, scale, kv_bytes_per_token, dk, dv, tiles, shape) in kinds.items():
+            reads = tiles // kv_heads[kind]  # head tiles reading each KV head's entries (MLA: 32 heads = 2 tiles)
             for n in s.batches:
-                r = self.sets(n * s.seq_len, s.kv_pool_tokens - 1)
+                # each program (request x head tile) reads its KV head's entries and the slot indices
+                nbytes = n * s.seq_len * (kv_bytes_per_token * reads + 4 * tiles) + n * hq * (dk + dv) * esz
+                r, rot = self.sets(n * s.seq_len, s.kv_pool_tokens - 1, nbytes)
                 table, rows, lens = self.attention_batches(n, r)
                 q = self.randn(n, hq, dk)
-                nbytes = n * s.seq_len * (kv_bytes_per_token + 4) + n * hq * (dk + dv) * esz
                 label = f"{shape}, ctx {s.seq_len}"
                 splits = [None] + ([1, 2, 4, 8, 16] if n == s.sweep_batch else [])
                 for sp in splits:
                     calls = [partial(att.decode_attention, q, kbuf, vbuf, table, rw, lens, scale, sp) for rw in rows]
                     note = (f"splits={att.default_num_splits(n, tiles, torch.device(self.dev))} (default)"
                             if sp is None
-                            else f"splits={sp}") + f", rotating {r} row sets"
+                            else f"splits={sp}") + f", KV read by {reads} head tile(s), {rot}"
                     rep.add(Row(f"decode_attention {kind}" + ("" if sp is None else " sweep"), label, n,
                                 self.per_call(calls), nbytes, note))
 
@@ -391,17 +445,25 @@ class Bench:
         table = torch.zeros(2 * max(s.batches) + 9, s.seq_len + 1, dtype=torch.int32, device=self.dev)
         esz = kb.element_size()
         for t in s.batches + [s.prefill_tokens]:
-            r = min(8, self.sets(t, pool_rows - 1))
+            gqa_bytes = t * (2 * 2 * s.gqa_kv_heads * s.gqa_dim * esz + 8)
+            r, rot = self.sets(t, pool_rows - 1, gqa_bytes)
             order = self.perm(pool_rows)
             locs = [order[i * t:(i + 1) * t].contiguous() for i in range(r)]
-            srcs = [(self.randn(t, s.gqa_kv_heads, s.gqa_dim), self.randn(t, s.gqa_kv_heads, s.gqa_dim),
-                     self.randn(t, 1, lat)) for _ in range(r)]
-            calls = [partial(k["store_kv"].store_kv, kb, vb, loc, src[0], src[1]) for loc, src in zip(locs, srcs)]
-            rep.add(Row("store_kv gqa", f"Hkv{s.gqa_kv_heads} D{s.gqa_dim}", t, self.per_call(calls),
-                        t * (2 * 2 * s.gqa_kv_heads * s.gqa_dim * esz + 8), "batch = tokens"))
-            calls = [partial(k["store_kv"].store_mla_kv, mb, loc, src[2]) for loc, src in zip(locs, srcs)]
-            rep.add(Row("store_mla_kv", f"latent {lat}", t, self.per_call(calls), t * (2 * lat * esz + 8),
-                        "batch = tokens"))
+            # one source per call, sliced from one allocation: the rotation reads fresh sources too
+            ks, vs = self.randn(r * t, s.gqa_kv_heads, s.gqa_dim), self.randn(r * t, s.gqa_kv_heads, s.gqa_dim)
+            calls = [partial(k["store_kv"].store_kv, kb, vb, loc, ks[i * t:(i + 1) * t], vs[i * t:(i + 1) * t])
+                     for i, loc in enumerate(locs)]
+            rep.add(Row("store_kv gqa", f"Hkv{s.gqa_kv_heads} D{s.gqa_dim}", t, self.per_call(calls), gqa_bytes,
+                        f"batch = tokens; {rot}"))
+            del ks, vs
+            mla_bytes = t * (2 * lat * esz + 8)
+            r, rot = self.sets(t, pool_rows - 1, mla_bytes)
+            lats = self.randn(r * t, 1, lat)
+            calls = [partial(k["store_kv"].store_mla_kv, mb, order[i * t:(i + 1) * t].contiguous(),
+                             lats[i * t:(i + 1) * t]) for i in range(r)]
+            rep.add(Row("store_mla_kv", f"latent {lat}", t, self.per_call(calls), mla_bytes,
+                        f"batch = tokens; {rot}"))
+            del lats
         # write_req_to_token: decode (one new slot per request) and a prefill batch of whole prompts
         cases = [(n, 1) for n in s.batches] + [(8, s.prefill_tokens // 8)]
         for n, extend in cases:
@@ -410,10 +472,14 @@ class Bench:
             rows = self.perm(table.shape[0])[:n]
             pre = torch.zeros(n, dtype=torch.int64, device=self.dev)
             seq = torch.full((n,), extend, dtype=torch.int64, device=self.dev)
-            locs = [torch.randint(1, pool_rows, (n * extend,), device=self.dev, generator=self.gen) for _ in range(8)]
-            calls = [partial(k["write_req_to_token"].write_req_to_token, table, rows, pre, seq, loc) for loc in locs]
-            rep.add(Row("write_req_to_token", f"{n} reqs x {extend} new slots", n, self.per_call(calls),
-                        n * extend * (8 + 4) + n * 3 * 8, "int64 loc -> int32 row"))
+            nbytes = n * extend * (8 + 4) + n * 3 * 8
+            r, rot = self.sets(n * extend, 64 * 2**20 // 8, nbytes)  # sources: up to 64 Mi int64 slots
+            locs = torch.randint(1, pool_rows, (r * n * extend,), device=self.dev, generator=self.gen)
+            calls = [partial(k["write_req_to_token"].write_req_to_token, table, rows, pre, seq,
+                             locs[i * n * extend:(i + 1) * n * extend]) for i in range(r)]
+            rep.add(Row("write_req_to_token", f"{n} reqs x {extend} new slots", n, self.per_call(calls), nbytes,
+                        f"int64 loc -> int32 row; sources {rot}; the same table rows are rewritten each call"))
+            del locs
 
     def time_prefill(self, k):
         torch, s, rep = self.torch, self.s, self.report
@@ -430,18 +496,56 @@ class Bench:
         esz = inputs[0].element_size()
         nbytes = total * (5 * h * d * esz + h * esz) + len(lens) * 2 * h * d * d * 4
         fn = k["kda_prefill"].kda_prefill
-        for sl in slot_sets:  # warm-up: compile and autotune fla's kernels
-            fn(*inputs, pool, sl, cu)
-        if not self.dry:
-            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for sl in slot_sets:
-            fn(*inputs, pool, sl, cu)
+        fn(*inputs, pool, slot_sets[0], cu)  # warm-up: compile and autotune (fla's first call), reported apart
         if not self.dry:
             torch.cuda.synchronize()
-        per = (time.perf_counter() - t0) / len(slot_sets)
-        rep.add(Row(k["kda_prefill_name"], f"H{h} K{d} V{d}, {len(lens)} x {lens[0]} tokens", total, per,
-                    nbytes, f"eager, {total / per / 1e6:.1f} M tokens/s; batch = tokens"))
+        warmup = time.perf_counter() - t0
+        calls = [slot_sets[i % len(slot_sets)] for i in range(max(self.s.reps, len(slot_sets)))]
+        if self.dry:
+            samples = []
+            for sl in calls:
+                t0 = time.perf_counter()
+                fn(*inputs, pool, sl, cu)
+                samples.append(time.perf_counter() - t0)
+        else:  # CUDA events around each call, no host sync until the end (fla's own syncs stay inside the calls)
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(len(calls) + 1)]
+            events[0].record()
+            for sl, e in zip(calls, events[1:]):
+                fn(*inputs, pool, sl, cu)
+                e.record()
+            torch.cuda.synchronize()
+            samples = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        timing = Timing.of(samples, warmup)
+        rep.add(Row(k["kda_prefill_name"], f"H{h} K{d} V{d}, {len(lens)} x {lens[0]} tokens", total, timing,
+                    nbytes, f"eager, {total / timing.median / 1e6:.1f} M tokens/s; batch = tokens; warm-up = first "
+                    "call (compile, autotune)"))
+
+
+class StepwiseKdaPrefill:
+    """``kda_prefill``'s contract (variable-length sequences, state slots, -1 padding, has_initial_state) run as
+    the Triton ``kda_decode`` one token at a time: a Triton path the CPU interpreter can run, so the dry run checks
+    a kernel against the token-by-token reference instead of the reference against itself."""
+
+    def __init__(self, decode_module):
+        self.decode = decode_module.kda_decode
+
+    def kda_prefill(self, q, k, v, a, b, A_log, dt_bias, ssm_states, slot_indices, cu_seqlens,
+                    has_initial_state=None):
+        import torch
+
+        o = torch.zeros_like(v)
+        cu, slots = cu_seqlens.tolist(), slot_indices.tolist()
+        for i, slot in enumerate(slots):
+            pool, at = ssm_states, slot_indices[i:i + 1]
+            if slot < 0:  # prefill runs a padding sequence from a zero state and keeps nothing: a scratch slot
+                pool, at = torch.zeros_like(ssm_states[:1]), torch.zeros_like(at)
+            elif has_initial_state is not None and not bool(has_initial_state[i]):
+                ssm_states[slot] = 0  # no initial state: start from zero
+            for t in range(cu[i], cu[i + 1]):
+                o[t:t + 1] = self.decode(q[t:t + 1], k[t:t + 1], v[t:t + 1], a[t:t + 1], b[t:t + 1], A_log, dt_bias,
+                                         pool, at)
+        return o
 
 
 def load_fused(dry: bool):
@@ -449,9 +553,9 @@ def load_fused(dry: bool):
 
     ops = ["write_req_to_token", "store_kv", "decode_attention", "kda_decode", "conv1d_update"]
     k = {op: importlib.import_module(f"kernels.ops.{op}.fused") for op in ops}
-    if dry:  # fla's chunk_kda autotunes, which the interpreter cannot: run the script's path on the reference
-        k["kda_prefill"] = importlib.import_module("kernels.ops.kda_prefill.naive")
-        k["kda_prefill_name"] = "kda_prefill (torch reference, dry-run stand-in for fla)"
+    if dry:  # fla's chunk_kda autotunes, which the interpreter cannot: the Triton kda_decode stepped per token
+        k["kda_prefill"] = StepwiseKdaPrefill(k["kda_decode"])
+        k["kda_prefill_name"] = "kda_prefill (dry run: Triton kda_decode stepped per token, for fla)"
     else:
         k["kda_prefill"] = (importlib.import_module("kernels.ops.kda_prefill.fused")
                             if importlib.util.find_spec("fla") is not None else None)
@@ -480,7 +584,8 @@ def write_tables(report: Report, env: list[str], out: Path | None) -> str:
     lines = ["# poolsim kernels: bf16 checks and timings", ""] + [f"- {e}" for e in env] + [""]
     lines += ["## Checks against the torch references", "", "| check | result |", "| --- | --- |"]
     lines += [f"| {name} | {verdict} |" for name, verdict, _ in report.checks]
-    lines += ["", "## Timings (per call; bytes = compulsory HBM traffic)", "",
+    lines += ["", "## Timings (per call: median and min-max over timed passes; warm-up excluded; bytes = compulsory "
+              "HBM traffic)", "",
               "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in report.rows]
     if report.notes:
@@ -491,9 +596,11 @@ def write_tables(report: Report, env: list[str], out: Path | None) -> str:
         (out / "kernels_gpu.md").write_text(text)
         with open(out / "kernels_gpu.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["kernel", "shape", "batch", "seconds", "bytes", "note"])
+            w.writerow(CSV_HEADER)
             for r in report.rows:
-                w.writerow([r.kernel, r.shape, r.batch, f"{r.seconds:.9f}", r.bytes, r.note])
+                t = r.timing
+                w.writerow([r.kernel, r.shape, r.batch, f"{t.median:.9f}", r.bytes, f"{t.lo:.9f}", f"{t.hi:.9f}",
+                            t.samples, f"{t.warmup_s:.3f}", r.note])
     return text
 
 
@@ -508,6 +615,9 @@ def main(argv=None) -> int:
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     import torch
+
+    if args.dry_run:  # tiny tensors: one intra-op thread (spinning thread pools cost CPU time on a shared machine)
+        torch.set_num_threads(1)
 
     if not args.dry_run and not torch.cuda.is_available():
         print("kernels_gpu.py: no CUDA device here, so there is nothing to benchmark. "

@@ -44,6 +44,7 @@ SENSITIVITY_MIN = 1e-3  # a coefficient whose d log t / d log c stays below this
 COLLINEAR_MIN = 0.05
 OUTPUT_FILES = ("calibration.json", "steps.csv", "replay_steps.csv", "report.md", "calibration.png")
 # Coefficients a step replay cannot inform, whatever the device.
+REPEAT_AGREE = 0.03  # two runs agree when every per-kind median step time and fitted coefficient is within 3 %
 NOT_STEP_TIME = {
     "request_cpu_s": "a per-request delay in the engine (HTTP, tokenizer, admission, detokenizer) before the "
                      "scheduler sees a request, not part of any step's time: a step replay cannot measure it",
@@ -240,6 +241,37 @@ def fit_report(kinds, pred, meas, held) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- two runs agree
+def run_summary(kinds, measured, fit_kinds, fitted_pred, coefficients: dict) -> dict:
+    """What a repeat is compared on: per step kind, the median measured step time (``kinds``, ``measured``: this
+    run's steps) and the total of the fitted model's predictions over the first run's steps (``fit_kinds``,
+    ``fitted_pred``, so two fits are compared on the same steps); and the fitted coefficients."""
+    kinds, measured = np.asarray(kinds), np.asarray(measured, float)
+    fit_kinds, fitted_pred = np.asarray(fit_kinds), np.asarray(fitted_pred, float)
+    return {"median_step_s": {k: float(np.median(measured[kinds == k])) for k in sorted(set(kinds.tolist()))},
+            "fitted_total_s": {k: float(fitted_pred[fit_kinds == k].sum()) for k in sorted(set(fit_kinds.tolist()))},
+            "coefficients": dict(coefficients)}
+
+
+def compare_runs(first: dict, other: dict, threshold: float = REPEAT_AGREE) -> dict:
+    """Relative differences ``|other / first - 1|`` between two ``run_summary``s. The runs agree when every per-kind
+    median step time (the measurement) and every per-kind total of the fitted model's predictions (what the fit
+    says) is within ``threshold``. Each fitted coefficient's difference is reported too but does not decide: a
+    coefficient the steps pin down weakly (a few prefills) moves several times more than the predictions do."""
+    decide, coeffs = {}, {}
+    for group, label, into in (("median_step_s", "median {} step", decide), ("fitted_total_s", "fitted {} total",
+                                                                             decide), ("coefficients", "{}", coeffs)):
+        for name, a in first[group].items():
+            b = other[group].get(name)
+            if b is not None and a:
+                into[label.format(name)] = {"first": a, "repeat": b, "rel_diff": abs(b / a - 1)}
+    worst = max(decide, key=lambda n: decide[n]["rel_diff"]) if decide else None
+    top = decide[worst]["rel_diff"] if worst else None
+    return {"threshold": threshold, "compared": decide, "max_rel_diff": top, "worst": worst,
+            "agree": top is not None and top <= threshold, "coefficients": coeffs,
+            "coefficients_max_rel_diff": max((c["rel_diff"] for c in coeffs.values()), default=None)}
+
+
 # ------------------------------------------------------------------------------------------------- synthetic timer
 def synthetic_truth(names: list[str]):
     """Known coefficients for the CPU path: each named coefficient (those the steps can inform, ``resolvable``)
@@ -332,6 +364,24 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
               runtime_overhead_gib: float | None = None, max_new_tokens: str = "trace",
               calibration: str | None = None, noise: float = 0.01, refit: bool = True, log=print) -> dict:
     """The whole path; returns the calibration record (also written to ``out/calibration.json``)."""
+    import torch
+
+    if torch.device(opts.device).type != "cpu":
+        return _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_gib, max_new_tokens,
+                          calibration, noise, refit, log)
+    # On a CPU the stand-in's tensors are tiny and its times only exercise the plumbing: one intra-op thread (a
+    # pool of spinning threads costs ~10x the CPU time on a shared machine), restored afterwards.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_gib, max_new_tokens,
+                          calibration, noise, refit, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_gib, max_new_tokens, calibration,
+               noise, refit, log) -> dict:
     import pandas as pd
 
     from kernels.replay import STEP_FIELDS, DeviceReplay, PoolMismatch, ReferenceRun
@@ -364,7 +414,10 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
         if outdir is not None:
             outdir.write_text("calibration.json", json.dumps(record, indent=2, default=str) + "\n")
 
-    replay = DeviceReplay(model, plan, opts)
+    def new_replay(run_opts):
+        return DeviceReplay(model, plan, run_opts, cuda_graph_max_bs=cost.cuda_graph_max_bs)
+
+    replay = new_replay(opts)
     kinds: dict[str, int] = {}
     for lid, layer in enumerate(model.layers):
         kinds.setdefault(f"{layer.mixer}+{layer.mlp}", 0)
@@ -402,7 +455,11 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
                             "write_req_to_token_steps": replay.step, "triton_steps": replay.triton_checked,
                             "guard_slots": "untouched" if not guards else f"written: {', '.join(guards)}"}
     record["replay"] = {"steps": replay.step, "measured": len(replay.rows), "stopped": replay.stopped,
-                        "warmup_s": round(replay.warmup_s, 3), "step_table_equal": True,
+                        "warmup_s": round(replay.warmup_s, 3),
+                        "graphs": {**replay.graphs_summary(), "prefill": (
+                            "eager; SGLang captures breakable prefill graphs for this model (the step-time model "
+                            "prices them), the replay does not" if cost.prefill_cuda_graph else "eager, as SGLang")},
+                        "step_table_equal": True,
                         "timer": "synthetic" if truth is not None else ("cuda events" if info["type"] == "cuda"
                                                                           else "cpu wall")}
     steps = pd.DataFrame(replay.rows, columns=list(STEP_FIELDS))
@@ -456,6 +513,34 @@ def calibrate(trace, model, gpu, args, *, out: str | Path | None, opts, trace_in
         outdir.write("steps.csv", lambda p: steps.to_csv(p, index=False))
         outdir.write_text("report.md", report_text(record))
         _plot(outdir, steps)
+    if opts.repeat > 1:  # the same replay again: do the measurements (and the fit) come out the same?
+        first = run_summary(steps["kind"], meas, steps["kind"], pred,
+                            {n: getattr(coeffs, n) for n in fit_info["fitted"]})
+        record["repeat"] = {"runs": opts.repeat, "threshold": REPEAT_AGREE, "each": []}
+        for r in range(1, opts.repeat):
+            # the Triton checks ran in the first run (on CUDA the fused kernels run anyway)
+            again_opts = dataclasses.replace(opts, triton_steps=0, synthetic=SyntheticTimer(
+                cost, truth, noise, seed=opts.seed + r) if truth is not None else None)
+            again = new_replay(again_opts)
+            again.reference = ref.digests
+            simulate(trace, model, gpu, args, replay=again, **sim_kw)  # the pools are checked again on every step
+            kinds2 = [row["kind"] for row in again.rows]
+            meas2 = np.array([row["measured_s"] for row in again.rows])
+            coeffs2, fitted2 = coeffs, {}
+            if fit_info["fitted"]:
+                res2 = fit(cost, again.shapes, meas2, start=start, train=~heldout_mask(len(meas2)))
+                coeffs2, fitted2 = res2.coefficients, {n: getattr(res2.coefficients, n) for n in res2.fitted}
+            # the second fit's predictions over the first run's steps, per kind as the first run's
+            pred2 = predict(cost, coeffs2, replay.shapes)
+            cmp = compare_runs(first, run_summary(kinds2, meas2, steps["kind"], pred2, fitted2))
+            cmp["measured"], cmp["graphs_capture_s"] = len(again.rows), again.graphs_summary()["capture_s"]
+            record["repeat"]["each"].append(cmp)
+            log(f"repeat {r + 1}: max relative difference {cmp['max_rel_diff']:.2%} ({cmp['worst']}) against run 1"
+                f" -> {'agree' if cmp['agree'] else 'DISAGREE'} within {REPEAT_AGREE:.0%}")
+            save("repeat")
+        each = record["repeat"]["each"]
+        record["repeat"]["max_rel_diff"] = max(c["max_rel_diff"] for c in each)
+        record["repeat"]["agree"] = all(c["agree"] for c in each)
     save("done")
     return record
 
@@ -494,6 +579,14 @@ def report_text(record: dict) -> str:
     others = len(f.get("fixed", {})) - len(here)
     if others:
         lines.append(f"- {others} coefficients of other GPU architectures fixed (this device cannot inform them)")
+    g = (record.get("replay") or {}).get("graphs")
+    if g:
+        lines += ["", f"decode graphs ({g['mode']}): capture sizes {g['capture_bs']}; steps per padded size "
+                  f"{g['decode_steps_per_bucket']}; capture {g['capture_s']:.3g} s (not measured)"]
+    r = record.get("repeat")
+    if r and "agree" in r:
+        lines += ["", f"repeat: {r['runs']} runs, max relative difference {pct(r['max_rel_diff'])} "
+                  f"({'agree' if r['agree'] else 'DISAGREE'} within {r['threshold']:.0%})"]
     lines += ["", "![predicted vs measured](calibration.png)", ""]
     return "\n".join(lines)
 

@@ -7,18 +7,22 @@ schedule is exactly the simulation's (the replay measures, it does not steer).
                                                       step (first mismatch stops the run naming step and pool),
                                                       write_req_to_token's output against the simulator's rows,
                                                       the stand-in forward timed, outputs finite
+
+Decode batches go through ``CudaGraphRunner`` as SGLang's decode runner takes them: padded to the next captured
+batch size, replayed from CUDA graphs on a GPU (the padded batch runs eager on a CPU), eager above the largest.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 
 import numpy as np
 
 INTERPRETER_MAX_CONTEXT = 2048  # context tokens a decode step may read to run under TRITON_INTERPRET on a CPU
-STEP_FIELDS = ("step", "kind", "batch_size", "extend_tokens", "decode_tokens", "context_tokens", "predicted_s",
-               "measured_s", "forward_s")
+STEP_FIELDS = ("step", "kind", "batch_size", "graph_bs", "extend_tokens", "decode_tokens", "context_tokens",
+               "predicted_s", "measured_s", "forward_s")  # graph_bs: the padded CUDA-graph size, 0 when eager
 
 
 class PoolMismatch(RuntimeError):
@@ -149,7 +153,15 @@ class CpuTimer:
         self.marks.append((label, time.perf_counter()))
 
     def parts(self) -> dict:
-        return {b[0]: b[1] - a[1] for a, b in zip(self.marks, self.marks[1:])}
+        return _sum_by_label((b[0], b[1] - a[1]) for a, b in zip(self.marks, self.marks[1:]))
+
+
+def _sum_by_label(pairs) -> dict:
+    """Seconds per label (a layer's mixer and MLP segments share its label)."""
+    out: dict = {}
+    for label, t in pairs:
+        out[label] = out.get(label, 0.0) + t
+    return out
 
 
 class CudaTimer:
@@ -174,7 +186,160 @@ class CudaTimer:
 
     def parts(self) -> dict:
         self.torch.cuda.synchronize()
-        return {b[0]: a[1].elapsed_time(b[1]) / 1e3 for a, b in zip(self.marks, self.marks[1:])}
+        return _sum_by_label((b[0], a[1].elapsed_time(b[1]) / 1e3) for a, b in zip(self.marks, self.marks[1:]))
+
+
+# Decode CUDA graphs as SGLang 0.5.23 captures and replays them.
+SEQ_LEN_FILL_VALUE = 1  # get_cuda_graph_seq_len_fill_value of the triton and flashinfer backends
+# (layers/attention/triton_backend.py:1440, flashinfer_backend.py:1353): a padded request's seq_len
+
+
+def decode_capture_bs(max_bs: int, num_max_requests: int) -> list[int]:
+    """The decode batch sizes SGLang captures a CUDA graph for: generate_decode_cuda_graph_batch_sizes
+    (arg_groups/cuda_graph_hook.py:500-532; no speculative decoding, padding on) for ``cuda_graph_max_bs``, then
+    get_batch_sizes_to_capture (model_executor/runner/base_cuda_graph_runner.py:65-110; alignment 1, i.e. no
+    attention DP or two-batch overlap), which appends the request-row count when the list passes it and drops
+    the sizes above it. ``max_bs`` 0 (graphs off): none."""
+    if max_bs <= 0:
+        return []
+    bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    if max(bs) > num_max_requests:
+        bs.append(num_max_requests)
+    return sorted({b for b in bs if b <= num_max_requests})
+
+
+class CudaGraphRunner:
+    """SGLang's decode CUDA-graph runner over the stand-in forward. A decode batch of up to ``max(capture_bs)``
+    requests (can_run_graph, decode_cuda_graph_runner.py:886-890) is padded to the smallest captured size not below
+    it (_pad_to_bucket, base_cuda_graph_runner.py:165-180) with SGLang's padding values: request row 0, KV slot 0
+    and seq_len SEQ_LEN_FILL_VALUE (cuda_graph_buffer_registry.py:600-660, the registry zeroes or fills the padded
+    tail), state slot -1 (hybrid_linear_attn_backend.py:779-785). Larger decode batches, prefill and mixed batches
+    run eager. With ``capture`` (CUDA), each bucket's graph-safe segments are captured the first time the bucket is
+    used, after one eager warm-up on a side stream (that time is kept apart in ``capture_s``), and replayed from
+    static input buffers; segments that are not graph-safe (MoE) run eager between them. Without (a CPU), the
+    padded batch runs eager: the bucket choice and padding are the same."""
+
+    def __init__(self, forward, capture_bs: list[int], capture: bool):
+        self.forward, self.capture_bs, self.capture = forward, list(capture_bs), capture
+        self.captured: dict[int, list] = {}  # bucket -> [(label, graph | None, fn, static in, static out)]
+        self.static: dict[int, tuple] = {}  # bucket -> (StepInputs, live, ids) buffers the graphs read
+        self.capture_s = 0.0
+        self.replays: dict[int, int] = {}  # bucket -> decode steps run at that padded size
+        self._pool = None
+
+    def bucket(self, forward_mode: str, batch_size: int) -> int | None:
+        """The padded batch size a step replays at, None when it runs eager."""
+        if forward_mode != "decode" or not self.capture_bs or batch_size > self.capture_bs[-1]:
+            return None
+        return self.capture_bs[bisect.bisect_left(self.capture_bs, batch_size)]
+
+    @staticmethod
+    def pad(inp, bs: int):
+        """A decode step's inputs padded to ``bs`` requests, and the live mask (1 real, 0 padding)."""
+        import torch
+
+        n = inp.dec_rows.numel()
+
+        def fill(t, value):
+            return torch.cat([t, torch.full((bs - n,), value, dtype=t.dtype, device=t.device)])
+
+        live = fill(torch.ones(n, dtype=torch.float32, device=inp.dec_rows.device), 0.0)
+        padded = dataclasses.replace(inp, dec_rows=fill(inp.dec_rows, 0),
+                                     dec_seq_lens=fill(inp.dec_seq_lens, SEQ_LEN_FILL_VALUE),
+                                     dec_loc=fill(inp.dec_loc, 0),
+                                     dec_slots=None if inp.dec_slots is None else fill(inp.dec_slots, -1))
+        return padded, live
+
+    def run(self, inp, bs: int, timer, step_seed: int):
+        """The step at padded size ``bs``; returns the real rows' logits. ``timer`` is started by the caller."""
+        n = inp.dec_rows.numel()
+        padded, live = self.pad(inp, bs)
+        ids = self.forward.token_ids(bs, step_seed)
+        self.replays[bs] = self.replays.get(bs, 0) + 1
+        if not self.capture:
+            return self.forward.forward(padded, timer, step_seed, live=live)[:n]
+        if bs not in self.captured:
+            self._capture(bs, padded, live, ids)
+            timer.start()  # the capture is not part of the step
+        static_inp, static_live, static_ids = self.static[bs]
+        for field in ("dec_rows", "dec_seq_lens", "dec_loc", "dec_slots"):
+            if getattr(padded, field) is not None:
+                getattr(static_inp, field).copy_(getattr(padded, field))
+        static_live.copy_(live)
+        static_ids.copy_(ids)
+        x = None
+        for label, graph, fn, static_in, static_out in self.captured[bs]:
+            if graph is None:
+                x = fn(x)
+            else:
+                if static_in is not None and x is not static_in:
+                    static_in.copy_(x)
+                graph.replay()
+                x = static_out
+            timer.mark(label)
+        return x[:n]
+
+    def _capture(self, bs, padded, live, ids):
+        import torch
+
+        t0 = time.perf_counter()
+        static_inp = dataclasses.replace(padded, **{f: getattr(padded, f).clone() for f in (
+            "dec_rows", "dec_seq_lens", "dec_loc") + (("dec_slots",) if padded.dec_slots is not None else ())})
+        static = (static_inp, live.clone(), ids.clone())
+        segs = self.forward.segments(static_inp, static[2], static[1])
+        self._warm_up(segs)
+        entries, x = [], None
+        for label, safe, fn in segs:
+            if not safe:  # runs eager at replay; the next graph reads a static copy of its output
+                x = fn(x)
+                entries.append((label, None, fn, None, None))
+                x = torch.empty_like(x)
+                continue
+            graph, out = self._capture_segment(fn, x)
+            entries.append((label, graph, fn, x, out))
+            x = out
+        self._synchronize()
+        self.captured[bs], self.static[bs] = entries, static
+        self.capture_s += time.perf_counter() - t0
+
+    # the CUDA pieces of a capture (a CPU test stands fakes in for them to check the static-buffer plumbing)
+    def _warm_up(self, segs):
+        """One eager pass on a side stream before capturing: cuBLAS workspaces, Triton compilation, autotuning."""
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x = None
+            for _, _, fn in segs:
+                x = fn(x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    def _capture_segment(self, fn, x):
+        """A CUDA graph of ``fn(x)`` (``x`` its static input), and its static output, holding real values."""
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one pool for every bucket, as SGLang shares one
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn(x)
+        graph.replay()  # real values in ``out``: an eager segment after it reads them
+        return graph, out
+
+    def _synchronize(self):
+        import torch
+
+        torch.cuda.synchronize()
+
+    def summary(self) -> dict:
+        return {"capture_bs": self.capture_bs, "captured": sorted(self.captured), "capture": self.capture,
+                "capture_s": round(self.capture_s, 3),
+                "steps_per_bucket": {str(b): n for b, n in sorted(self.replays.items())}}
 
 
 @dataclasses.dataclass
@@ -187,13 +352,14 @@ class ReplayOptions:
     warmup: int = 2  # untimed forwards before the first timed step of each kind
     triton_steps: int = 0  # the first N measured decode steps run the Triton kernels (TRITON_INTERPRET=1 on a CPU)
     seed: int = 0
+    repeat: int = 1  # replay (and fit) this many times; runs after the first are compared with it (REPEAT_AGREE)
     synthetic: object = None  # a callable(shape) -> seconds that stands in for the measurement (CPU tests)
 
 
 class _Server:
     """One server's device-side extras: its KV buffers, the stand-in weights and a mirror req_to_token table."""
 
-    def __init__(self, sched, model, plan, dims, layer_ids, opts: ReplayOptions):
+    def __init__(self, sched, model, plan, dims, layer_ids, opts: ReplayOptions, capture_bs: list[int]):
         import torch
 
         from kernels.standin import StandInForward
@@ -216,12 +382,16 @@ class _Server:
                                       mamba_pool=getattr(pool, "mamba_pool", None), req_to_token=pool.req_to_token)
         self.pool = pool
         self.mirror = torch.zeros_like(pool.req_to_token)  # written only by the write_req_to_token kernel
+        self.graphs = CudaGraphRunner(self.forward, capture_bs, capture=torch.device(opts.device).type == "cuda")
 
 
 class DeviceReplay:
     """The step-time hook of the device run (see the module docstring)."""
 
-    def __init__(self, model, plan, opts: ReplayOptions, reference: list[dict] | None = None):
+    def __init__(self, model, plan, opts: ReplayOptions, reference: list[dict] | None = None,
+                 cuda_graph_max_bs: int = 0):
+        """``cuda_graph_max_bs``: SGLang's decode graph limit for this server (the step-time model's
+        ``ModelCost.cuda_graph_max_bs``; 0: graphs off, every step eager)."""
         from kernels.standin import Dims, select_layers
 
         self.model, self.plan, self.opts = model, plan, opts
@@ -229,6 +399,7 @@ class DeviceReplay:
         self.dims = Dims.tiny(model) if opts.tiny else Dims.of(model, plan.tp_size)
         self.layer_ids, self.layer_scale = select_layers(model, opts.layers)
         self.reference = reference
+        self.capture_bs = decode_capture_bs(cuda_graph_max_bs, plan.max_running_requests)
         self.rows: list[dict] = []  # one per measured step (STEP_FIELDS)
         self.shapes: list[StepShape] = []
         self.step = 0
@@ -249,20 +420,18 @@ class DeviceReplay:
         """The device state pool: the stand-in's shapes, over the run linear layers only."""
         if mamba is None:
             return None
-        from pools.mamba_pool import MambaStateShape
+        from kernels.standin import LINEAR_MIXERS
 
         params = mamba.cache_params
-        lin = [i for i in self.layer_ids if self.model.layers[i].mixer == "kda"]
-        shape = params.shape
-        if self.opts.tiny:
-            shape = MambaStateShape.kimi_linear(1, self.dims.lin_heads, self.dims.lin_head_dim, self.dims.conv_kernel)
+        lin = [i for i in self.layer_ids if self.model.layers[i].mixer in LINEAR_MIXERS]
+        shape = self.dims.state_shape(self.model.linear_attn.kind) if self.opts.tiny else params.shape
         return dataclasses.replace(mamba, cache_params=dataclasses.replace(params, shape=shape, layers=lin))
 
     def step_time(self, clock, servers):
         self.clock = clock
         for s in servers:
             self._servers[id(s.req_to_token_pool)] = _Server(s, self.model, self.plan, self.dims, self.layer_ids,
-                                                             self.opts)
+                                                             self.opts, self.capture_bs)
         self._t0 = time.perf_counter()
         return self._step
 
@@ -371,8 +540,12 @@ class DeviceReplay:
                     timer.parts()
                 self.warmup_s += time.perf_counter() - t
                 self._warm.add(key)
+            bucket = server.graphs.bucket(batch.forward_mode, len(shape.reqs))
             timer.start()
-            logits = server.forward.forward(inp, timer, step_seed=i)
+            if bucket is None:  # prefill, mixed, or above the largest graph: eager
+                logits = server.forward.forward(inp, timer, step_seed=i)
+            else:
+                logits = server.graphs.run(inp, bucket, timer, step_seed=i)
             parts = timer.parts()
         if not bool(torch.isfinite(logits).all()):
             raise PoolMismatch(i, "stand-in forward output", "non-finite logits")
@@ -384,11 +557,24 @@ class DeviceReplay:
         ext_tokens = sum(shape.extend_lens)
         ctx_tokens = sum(p + e for p, e in zip(shape.prefix_lens, shape.extend_lens)) + sum(shape.decode_seq_lens)
         self.shapes.append(shape)
-        self.rows.append(dict(step=i, kind=shape.kind, batch_size=len(shape.reqs), extend_tokens=ext_tokens,
+        self.rows.append(dict(step=i, kind=shape.kind, batch_size=len(shape.reqs), graph_bs=bucket or 0,
+                              extend_tokens=ext_tokens,
                               decode_tokens=len(shape.decode_seq_lens), context_tokens=ctx_tokens,
                               predicted_s=predicted, measured_s=measured, forward_s=forward_s))
 
     # -- after the run ----------------------------------------------------------------------------
+    def graphs_summary(self) -> dict:
+        """The decode graph buckets (capture_bs), those captured, capture time, steps per padded size."""
+        runners = [s.graphs for s in self._servers.values()]
+        per_bucket: dict[str, int] = {}
+        for r in runners:
+            for b, n in r.replays.items():
+                per_bucket[str(b)] = per_bucket.get(str(b), 0) + n
+        return {"capture_bs": self.capture_bs, "captured": sorted({b for r in runners for b in r.captured}),
+                "mode": "cuda graphs" if any(r.capture for r in runners) else "padded, eager (no CUDA)",
+                "capture_s": round(sum(r.capture_s for r in runners), 3),
+                "decode_steps_per_bucket": dict(sorted(per_bucket.items(), key=lambda kv: int(kv[0])))}
+
     def guard_slots_untouched(self) -> list[str]:
         """The padding page of every KV buffer and state slot 0 must still be zero (nothing wrote there)."""
         bad = []

@@ -10,10 +10,24 @@ each request's last token. Mixers:
 - attention (MLA, absorbed as SGLang's decode does): latent ``store_mla_kv``, q_nope absorbed into the latent,
   attention over ``kv_buffer`` with ``v = kv_buffer[..., :kv_lora_rank]``, value up-projection, output GEMM;
 - KDA: QKV GEMM, ``conv1d_prefill`` / ``conv1d_update`` over the pool's conv state, ``kda_prefill`` /
-  ``kda_decode`` over its recurrent state, gated RMSNorm, output GEMM.
+  ``kda_decode`` over its recurrent state, gated RMSNorm, output GEMM;
+- GDN (Qwen3-Next's gated delta net): the same conv and recurrent-state ops as KDA. GDN's gate is one scalar per
+  value head, ``g = -exp(A_log[h]) * softplus(a[h] + dt_bias[h])``; KDA's is per head and key channel with the same
+  formula, so the KDA ops run GDN exactly when ``a`` and ``dt_bias`` are repeated over the key channels
+  (``gdn_gate_as_kda``). q/k have ``num_k_heads`` heads, v ``num_heads`` (the ops take HV a multiple of H);
+- Mamba2 (Nemotron-H): in-projection to z, xBC and dt, ``conv1d_prefill`` / ``conv1d_update`` over xBC, the SSD
+  state update (``mamba2_decode`` / chunked ``mamba2_prefill``: plain torch, the project has no Mamba2 kernel),
+  gated grouped RMSNorm, output GEMM;
+- none: Nemotron-H's MLP/MoE-only blocks (no mixer).
+MLPs are SwiGLU (gate + up + down) or, where the model's are not gated (Nemotron-H), relu^2 (up + down).
 
 ``--layers`` runs a subset (``unit``: one layer of each (mixer, MLP) kind; N: up to N of each) and scales each
-layer's measured time by how many layers of its kind the model has. GDN/Mamba2 mixers are not stood in (yet).
+layer's measured time by how many layers of its kind the model has. LFM2's short conv is not stood in.
+
+The forward is a list of segments (the embedding, each run layer's mixer and MLP, the head) so a decode step can
+be replayed from CUDA graphs captured per segment (``kernels.replay.CudaGraphRunner``); the MoE segment sizes its
+expert groups on the host and stays eager. Rows padded up to a graph bucket (``live`` 0) start from a zero
+hidden state, so whatever they store (KV slot 0, as SGLang's padding does) is zero and the guard checks hold.
 """
 
 from __future__ import annotations
@@ -27,7 +41,9 @@ import torch.nn.functional as F
 import kernels
 from kernels.ops.kda_prefill import naive as kda_prefill_reference
 
-SUPPORTED_MIXERS = ("attention", "kda")
+SUPPORTED_MIXERS = ("attention", "kda", "gdn", "mamba2")
+LINEAR_MIXERS = ("kda", "gdn", "mamba2")  # the ones with a state slot in the MambaPool
+MAMBA2_CHUNK = 64  # tokens per chunk of the chunked SSD scan (prefill)
 
 
 @dataclass(frozen=True)
@@ -43,8 +59,10 @@ class Dims:
     kv_lora_rank: int = 0  # MLA
     qk_rope: int = 0
     qk_nope: int = 0
-    lin_heads: int = 0  # KDA
-    lin_head_dim: int = 0
+    lin_heads: int = 0  # linear attention: value heads (KDA: all heads; Mamba2: heads)
+    lin_head_dim: int = 0  # value head dim (Mamba2: head_dim P)
+    lin_k_heads: int = 0  # key heads (GDN: num_k_heads; Mamba2: n_groups; KDA: = lin_heads)
+    lin_state: int = 0  # key head dim (GDN), state size N (Mamba2); KDA: = lin_head_dim
     conv_kernel: int = 4
     dense_inter: int = 0
     experts: int = 0
@@ -61,6 +79,7 @@ class Dims:
             head_dim=model.head_dim, v_head_dim=model.v_head_dim, kv_lora_rank=model.kv_lora_rank,
             qk_rope=model.qk_rope_head_dim, qk_nope=model.qk_nope_head_dim,
             lin_heads=max(1, la.num_heads // tp) if la else 0, lin_head_dim=la.head_dim if la else 0,
+            lin_k_heads=max(1, la.num_k_heads // tp) if la else 0, lin_state=la.head_k_dim if la else 0,
             conv_kernel=la.conv_kernel if la else 4,
             dense_inter=max(1, model.intermediate_size // tp) if model.intermediate_size else 0,
             experts=moe.num_experts if moe else 0, top_k=moe.top_k if moe else 0,
@@ -69,18 +88,32 @@ class Dims:
 
     @staticmethod
     def tiny(model) -> "Dims":
-        """The model's structure at CI size: hidden 64, 4 query heads, 8 experts (top 2), 2 KDA heads of 16."""
+        """The model's structure at CI size: hidden 64, 4 query heads, 8 experts (top 2); linear attention: 2 value
+        heads of 16 (GDN: on 1 key head of 16; Mamba2: 1 group, state 8)."""
         moe, la = model.moe, model.linear_attn
         return Dims(hidden=64, vocab=256, heads=4, kv_heads=2 if model.num_key_value_heads < model.num_attention_heads
                     else 4, head_dim=16, v_head_dim=16, kv_lora_rank=32 if model.use_mla else 0,
                     qk_rope=8 if model.use_mla else 0, qk_nope=16 if model.use_mla else 0,
-                    lin_heads=2 if la else 0, lin_head_dim=16 if la else 0, conv_kernel=la.conv_kernel if la else 4,
+                    lin_heads=2 if la else 0, lin_head_dim=16 if la else 0,
+                    lin_k_heads={"kda": 2, "gdn": 1, "mamba2": 1}.get(la.kind, 0) if la else 0,
+                    lin_state={"kda": 16, "gdn": 16, "mamba2": 8}.get(la.kind, 0) if la else 0,
+                    conv_kernel=la.conv_kernel if la else 4,
                     dense_inter=128, experts=8 if moe else 0, top_k=min(2, moe.top_k) if moe else 0,
                     moe_inter=32 if moe else 0, shared_inter=32 if moe and moe.shared_intermediate_size else 0)
 
     @property
     def mla_dim(self) -> int:
         return self.kv_lora_rank + self.qk_rope
+
+    def state_shape(self, kind: str):
+        """The per-slot state shapes of these dims (tp 1: the dims are per rank already), as the pool lays them out."""
+        from pools.mamba_pool import MambaStateShape
+
+        if kind == "kda":
+            return MambaStateShape.kimi_linear(1, self.lin_heads, self.lin_head_dim, self.conv_kernel)
+        return MambaStateShape.mamba2(1, intermediate_size=self.lin_heads * self.lin_head_dim,
+                                      n_groups=self.lin_k_heads, num_heads=self.lin_heads, head_dim=self.lin_head_dim,
+                                      state_size=self.lin_state, conv_kernel=self.conv_kernel, kind=kind)
 
 
 def select_layers(model, spec: str) -> tuple[list[int], dict[int, float]]:
@@ -139,6 +172,72 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
+def gdn_gate_as_kda(a: torch.Tensor, dt_bias: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN's per-value-head gate inputs as KDA's per-channel ones: a ``[T, HV]`` -> ``[T, HV*K]``, dt_bias ``[HV]``
+    -> ``[HV*K]``. KDA's gate ``-exp(A_log[h]) * softplus(a[h, k] + dt_bias[h, k])`` is then GDN's on every k."""
+    return a.repeat_interleave(k_dim, dim=-1).contiguous(), dt_bias.repeat_interleave(k_dim).contiguous()
+
+
+def _mamba2_inputs(B, C, dt, A_log, dt_bias, heads):
+    """fp32 B, C per head (``[T, H, N]``, group h // (H / G)), dt = softplus(dt + dt_bias) and A = -exp(A_log)."""
+    group = heads // B.shape[1]
+    return (B.float().repeat_interleave(group, dim=1), C.float().repeat_interleave(group, dim=1),
+            F.softplus(dt.float() + dt_bias.float()), -torch.exp(A_log.float()))
+
+
+def mamba2_decode(x, B, C, dt, A_log, dt_bias, D, ssm_states, slot_indices):
+    """One Mamba2 SSD step per request (torch; the project has no Mamba2 kernel). x ``[N, H, P]``, B, C
+    ``[N, G, S]``, dt ``[N, H]``; ssm_states, the pool's ``[slots, H, P, S]``, updated in place:
+    ``s <- exp(dt A) s + dt x B^T``, ``y = s C + D x``. A slot of -1 is a padding row: zero output, its state
+    untouched. No host sync (a CUDA graph can capture it): a padding row reads slot 0 and writes it back unchanged."""
+    n, h, _ = x.shape
+    Bh, Ch, dt, A = _mamba2_inputs(B, C, dt, A_log, dt_bias, h)
+    live = slot_indices >= 0
+    idx = slot_indices.clamp(min=0).long()
+    old = ssm_states[idx]
+    xf = x.float()
+    S = old.float() * live[:, None, None, None]
+    S = S * torch.exp(dt * A)[..., None, None] + (dt[..., None] * xf)[..., None] * Bh[:, :, None, :]
+    y = torch.einsum("nhps,nhs->nhp", S, Ch) + D.float()[:, None] * xf
+    ssm_states[idx] = torch.where(live[:, None, None, None], S.to(ssm_states.dtype), old)
+    return (y * live[:, None, None]).to(x.dtype)
+
+
+def mamba2_prefill(x, B, C, dt, A_log, dt_bias, D, ssm_states, slot_indices, cu_seqlens, has_initial_state=None,
+                   chunk: int = MAMBA2_CHUNK):
+    """The SSD recurrence of ``mamba2_decode`` over variable-length sequences (``cu_seqlens``), chunked: within a
+    chunk the quadratic form ``y_i = sum_{j<=i} exp(c_i - c_j) dt_j (C_i . B_j) x_j + exp(c_i) C_i s0 + D x_i`` with
+    ``c`` the cumulative ``dt A``, then the state carried to the next chunk. Sequence i starts from its slot's state
+    where ``has_initial_state[i]``, else from zero, and leaves its final state there; slot -1: zero output."""
+    total, h, p = x.shape
+    Bh, Ch, dt, A = _mamba2_inputs(B, C, dt, A_log, dt_bias, h)
+    xf = x.float()
+    y = torch.zeros(total, h, p, dtype=torch.float32, device=x.device)
+    cu, slots = cu_seqlens.tolist(), slot_indices.tolist()
+    init = [True] * len(slots) if has_initial_state is None else [bool(v) for v in has_initial_state.tolist()]
+    for i, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        S = ssm_states[slot].float() if init[i] else torch.zeros(ssm_states.shape[1:], device=x.device)
+        for a in range(cu[i], cu[i + 1], chunk):
+            b = min(a + chunk, cu[i + 1])
+            xs, bs, cs, d = xf[a:b], Bh[a:b], Ch[a:b], dt[a:b]
+            cum = torch.cumsum(d * A, dim=0)  # [L, H]
+            n = b - a
+            causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[..., None]
+            decay = torch.exp((cum[:, None] - cum[None]).masked_fill(~causal, float("-inf")))  # [i, j, H]
+            w = decay * torch.einsum("ihs,jhs->ijh", cs, bs) * d[None]
+            y[a:b] = (torch.einsum("ijh,jhp->ihp", w, xs) + torch.exp(cum)[..., None]
+                      * torch.einsum("hps,ihs->ihp", S, cs) + D.float()[:, None] * xs)
+            S = S * torch.exp(cum[-1])[:, None, None] + torch.einsum(
+                "jh,jhp,jhs->hps", torch.exp(cum[-1][None] - cum) * d, xs, bs)
+        ssm_states[slot] = S.to(ssm_states.dtype)
+    return y.to(x.dtype)
+
+
+Segment = tuple  # (timer label, graph-safe, fn(x) -> x)
+
+
 class StandInForward:
     """Random weights for the run layers; ``forward(inputs, timer)`` runs one step over the pools it is given."""
 
@@ -149,7 +248,9 @@ class StandInForward:
         self.kv_pool, self.mamba_pool, self.req_to_token = kv_pool, mamba_pool, req_to_token
         self.attn_index = {lid: i for i, lid in enumerate(l for l in self.layer_ids
                                                           if model.layers[l].mixer == "attention")}
-        self.lin_index = {lid: i for i, lid in enumerate(l for l in self.layer_ids if model.layers[l].mixer == "kda")}
+        self.lin_index = {lid: i for i, lid in enumerate(l for l in self.layer_ids
+                                                         if model.layers[l].mixer in LINEAR_MIXERS)}
+        self.moe_gated = model.moe.gated if model.moe else True
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         d = dims
         self.embed = self._w(d.vocab, d.hidden, scale=1.0)
@@ -163,10 +264,15 @@ class StandInForward:
         s = (1.0 / math.sqrt(fan_in)) if scale is None else scale
         return (torch.randn(*shape, generator=self.gen) * s).to(self.device, self.dtype)
 
+    def _f32(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device)  # fp32 parameters (conv weights, A_log, dt_bias, D), as the models keep them
+
+    def _ones(self, n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=self.dtype, device=self.device)
+
     def _layer(self, spec) -> dict:
         d, w = self.d, {}
-        w["norm1"] = torch.ones(d.hidden, dtype=self.dtype, device=self.device)
-        w["norm2"] = torch.ones(d.hidden, dtype=self.dtype, device=self.device)
+        w["norm1"], w["norm2"] = self._ones(d.hidden), self._ones(d.hidden)
         if spec.mixer == "attention" and self.model.use_mla:
             w["wq"] = self._w(d.hidden, d.heads * (d.qk_nope + d.qk_rope))
             w["wkv_a"] = self._w(d.hidden, d.mla_dim)
@@ -179,58 +285,99 @@ class StandInForward:
         elif spec.mixer == "kda":
             hd = d.lin_heads * d.lin_head_dim
             w["wqkv"] = self._w(d.hidden, 3 * hd)
-            w["conv"] = (torch.randn(3 * hd, d.conv_kernel, generator=self.gen) * 0.5).to(self.device)  # fp32
+            w["conv"] = self._f32(torch.randn(3 * hd, d.conv_kernel, generator=self.gen) * 0.5)
             w["wfa"] = self._w(d.hidden, d.lin_head_dim)
             w["wfb"] = self._w(d.lin_head_dim, hd)
             w["wb"] = self._w(d.hidden, d.lin_heads)
             w["wg"] = self._w(d.hidden, hd)
-            w["A_log"] = torch.log(torch.rand(d.lin_heads, generator=self.gen) * 15 + 1).to(self.device)
-            w["dt_bias"] = (torch.rand(hd, generator=self.gen) - 0.5).to(self.device)
-            w["onorm"] = torch.ones(d.lin_head_dim, dtype=self.dtype, device=self.device)
+            w["A_log"] = self._f32(torch.log(torch.rand(d.lin_heads, generator=self.gen) * 15 + 1))
+            w["dt_bias"] = self._f32(torch.rand(hd, generator=self.gen) - 0.5)
+            w["onorm"] = self._ones(d.lin_head_dim)
             w["wo"] = self._w(hd, d.hidden)
+        elif spec.mixer == "gdn":  # Qwen3-Next: in_proj_qkvz, in_proj_ba, conv over q k v, gated RMSNorm
+            kd, vd = d.lin_k_heads * d.lin_state, d.lin_heads * d.lin_head_dim
+            w["wqkvz"] = self._w(d.hidden, 2 * kd + 2 * vd)
+            w["wba"] = self._w(d.hidden, 2 * d.lin_heads)
+            w["conv"] = self._f32(torch.randn(2 * kd + vd, d.conv_kernel, generator=self.gen) * 0.5)
+            w["A_log"] = self._f32(torch.log(torch.rand(d.lin_heads, generator=self.gen) * 15 + 1))
+            w["dt_bias"] = self._f32(torch.rand(d.lin_heads, generator=self.gen) - 0.5)
+            w["onorm"] = self._ones(d.lin_head_dim)
+            w["wo"] = self._w(vd, d.hidden)
+        elif spec.mixer == "mamba2":  # Nemotron-H: in_proj to z, xBC, dt; conv over xBC; gated grouped RMSNorm
+            hp, gs = d.lin_heads * d.lin_head_dim, d.lin_k_heads * d.lin_state
+            w["in_proj"] = self._w(d.hidden, 2 * hp + 2 * gs + d.lin_heads)
+            w["conv"] = self._f32(torch.randn(hp + 2 * gs, d.conv_kernel, generator=self.gen) * 0.5)
+            w["A_log"] = self._f32(torch.log(torch.rand(d.lin_heads, generator=self.gen) * 15 + 1))
+            w["dt_bias"] = self._f32(torch.rand(d.lin_heads, generator=self.gen) - 0.5)
+            w["D"] = self._f32(torch.ones(d.lin_heads))
+            w["onorm"] = self._ones(hp // d.lin_k_heads)
+            w["wo"] = self._w(hp, d.hidden)
+        gated_dense = getattr(self.model, "dense_mlp_gated", True)
         if spec.mlp == "dense":
-            w["w_gu"] = self._w(d.hidden, 2 * d.dense_inter)
+            w["w_gu"] = self._w(d.hidden, (2 if gated_dense else 1) * d.dense_inter)
             w["w_d"] = self._w(d.dense_inter, d.hidden)
+            w["gated"] = gated_dense
         elif spec.mlp == "moe":
+            up = (2 if self.moe_gated else 1)
             w["router"] = self._w(d.hidden, d.experts)
-            w["e_gu"] = self._w(d.experts, d.hidden, 2 * d.moe_inter)
+            w["e_gu"] = self._w(d.experts, d.hidden, up * d.moe_inter)
             w["e_d"] = self._w(d.experts, d.moe_inter, d.hidden)
             if d.shared_inter:
-                w["s_gu"] = self._w(d.hidden, 2 * d.shared_inter)
+                w["s_gu"] = self._w(d.hidden, up * d.shared_inter)
                 w["s_d"] = self._w(d.shared_inter, d.hidden)
         return w
 
     # ---------------------------------------------------------------- forward
-    def forward(self, inp: StepInputs, timer, step_seed: int = 0) -> torch.Tensor:
-        """One step; ``timer.mark(label)`` after the embedding, each layer and the head. Returns the logits."""
+    def token_ids(self, num_tokens: int, step_seed: int) -> torch.Tensor:
         g = torch.Generator(device="cpu").manual_seed(step_seed)
-        ids = torch.randint(0, self.d.vocab, (inp.num_tokens,), generator=g).to(self.device)
-        x = self.embed[ids]
-        timer.mark("embed")
+        return torch.randint(0, self.d.vocab, (num_tokens,), generator=g).to(self.device)
+
+    def segments(self, inp: StepInputs, ids: torch.Tensor, live: torch.Tensor | None = None) -> list[Segment]:
+        """The step as ``(label, graph_safe, fn)`` in order, ``fn(x) -> x``: the embedding (``live`` 0 zeroes a
+        padding row), each run layer's norm + mixer + residual and norm + MLP + residual (both labelled with the
+        layer id), the final norm and LM head (returns the logits). MoE is not graph-safe: it sizes its expert
+        groups on the host."""
+        segs = [("embed", True, lambda _x: self.embed[ids] * (1 if live is None else live[:, None].to(self.dtype)))]
         for lid in self.layer_ids:
             spec, w = self.model.layers[lid], self.layers[lid]
-            h = rms_norm(x, w["norm1"])
-            if spec.mixer == "attention":
-                x = x + (self._mla(h, w, inp, lid) if self.model.use_mla else self._mha(h, w, inp, lid))
-            elif spec.mixer == "kda":
-                x = x + self._kda(h, w, inp, lid)
+            if spec.mixer != "none":
+                segs.append((lid, True, lambda x, spec=spec, w=w, lid=lid: x + self._mixer(spec, w, rms_norm(
+                    x, w["norm1"]), inp, lid)))
             if spec.mlp != "none":
-                h = rms_norm(x, w["norm2"])
-                x = x + (self._moe(h, w) if spec.mlp == "moe" else self._mlp(h, w["w_gu"], w["w_d"]))
-            timer.mark(lid)
+                segs.append((lid, spec.mlp != "moe", lambda x, spec=spec, w=w: x + (
+                    self._moe(rms_norm(x, w["norm2"]), w) if spec.mlp == "moe"
+                    else self._mlp(rms_norm(x, w["norm2"]), w["w_gu"], w["w_d"], w["gated"]))))
+        segs.append(("head", True, lambda x: self._head(x, inp)))
+        return segs
+
+    def forward(self, inp: StepInputs, timer, step_seed: int = 0, live: torch.Tensor | None = None) -> torch.Tensor:
+        """One step, eager; ``timer.mark(label)`` after each segment. Returns the logits."""
+        x = None
+        for label, _, fn in self.segments(inp, self.token_ids(inp.num_tokens, step_seed), live):
+            x = fn(x)
+            timer.mark(label)
+        return x
+
+    def _head(self, x, inp):
         ne = inp.extend_lens.numel()
         last = torch.cat([torch.cumsum(inp.extend_lens, 0) - 1,
                           inp.num_ext_tokens + torch.arange(inp.dec_rows.numel(), device=self.device)]) \
             if ne else torch.arange(inp.num_tokens, device=self.device)
         logits = rms_norm(x[last], self.final_norm) @ self.lm_head
         logits.argmax(-1)  # sampling stands in as a greedy pick
-        timer.mark("head")
         return logits
 
+    def _mixer(self, spec, w, h, inp, lid):
+        if spec.mixer == "attention":
+            return self._mla(h, w, inp, lid) if self.model.use_mla else self._mha(h, w, inp, lid)
+        return {"kda": self._kda, "gdn": self._gdn, "mamba2": self._mamba2}[spec.mixer](h, w, inp, lid)
+
     @staticmethod
-    def _mlp(h, w_gu, w_d):
-        gate, up = (h @ w_gu).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ w_d
+    def _mlp(h, w_gu, w_d, gated=True):
+        if gated:  # SwiGLU
+            gate, up = (h @ w_gu).chunk(2, dim=-1)
+            return (F.silu(gate) * up) @ w_d
+        return torch.relu(h @ w_gu).square() @ w_d  # relu^2 (Nemotron-H)
 
     def _moe(self, h, w):
         d = self.d
@@ -247,11 +394,11 @@ class StandInForward:
             if n:
                 idx = order[start:start + n]
                 rows = token[start:start + n]
-                y = self._mlp(h[rows], w["e_gu"][e], w["e_d"][e]) * weights.flatten()[idx, None]
+                y = self._mlp(h[rows], w["e_gu"][e], w["e_d"][e], self.moe_gated) * weights.flatten()[idx, None]
                 out.index_add_(0, rows, y)
                 start += n
         if "s_gu" in w:
-            out = out + self._mlp(h, w["s_gu"], w["s_d"])
+            out = out + self._mlp(h, w["s_gu"], w["s_d"], self.moe_gated)
         return out
 
     def _attend(self, q, k_buf, v_buf, inp: StepInputs, sm_scale):
@@ -293,30 +440,79 @@ class StandInForward:
         o = torch.einsum("thl,hlv->thv", o.to(h.dtype), w["w_vc"])
         return o.reshape(t, -1) @ w["wo"]
 
-    def _kda(self, h, w, inp, lid):
-        d = self.d
-        t, hd, ne = h.shape[0], d.lin_heads * d.lin_head_dim, inp.num_ext_tokens
-        li = self.lin_index[lid]
-        conv_state = self.mamba_pool.conv[0][li].transpose(-1, -2)  # [slots, dim, W-1], the kernels' view
-        ssm = self.mamba_pool.temporal[li]  # [slots, HV, V, K]
-        mixed = h @ w["wqkv"]
-        a = (h @ w["wfa"]) @ w["wfb"]
-        b = h @ w["wb"]
-        outs = []
+    # ---------------------------------------------------------------- linear attention
+    def _cu(self, inp):
+        return torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device), torch.cumsum(inp.extend_lens, 0)])
+
+    def _conv(self, mixed, w, inp, conv_state):
+        """The causal conv over the prefill rows (``conv1d_prefill``) and the decode rows (``conv1d_update``)."""
+        ne, outs = inp.num_ext_tokens, []
         if ne:
-            cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device), torch.cumsum(inp.extend_lens, 0)])
-            has_init = inp.prefix_lens > 0
-            y = kernels.conv1d_prefill(mixed[:ne], conv_state, w["conv"], None, inp.ext_slots, cu, has_init)
-            q, k, v = (z.reshape(ne, d.lin_heads, d.lin_head_dim).contiguous() for z in y.chunk(3, dim=-1))
+            outs.append(kernels.conv1d_prefill(mixed[:ne], conv_state, w["conv"], None, inp.ext_slots, self._cu(inp),
+                                               inp.prefix_lens > 0))
+        if mixed.shape[0] > ne:
+            outs.append(kernels.conv1d_update(mixed[ne:], conv_state, w["conv"], None, inp.dec_slots))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    def _delta_rule(self, q, k, v, a, b, A_log, dt_bias, inp, ssm):
+        """KDA's (and, with the gate repeated over the key channels, GDN's) gated delta rule over the state pool."""
+        ne, outs = inp.num_ext_tokens, []
+        if ne:
             # fla's chunk_kda on a GPU; on the CPU the torch reference even when the Triton ops are forced
             prefill = kernels.kda_prefill if q.is_cuda else kda_prefill_reference.kda_prefill
-            outs.append(prefill(q, k, v, a[:ne].contiguous(), b[:ne].contiguous(), w["A_log"], w["dt_bias"], ssm,
-                                inp.ext_slots, cu, has_init))
-        if t > ne:
-            y = kernels.conv1d_update(mixed[ne:], conv_state, w["conv"], None, inp.dec_slots)
-            q, k, v = (z.reshape(t - ne, d.lin_heads, d.lin_head_dim).contiguous() for z in y.chunk(3, dim=-1))
-            outs.append(kernels.kda_decode(q, k, v, a[ne:].contiguous(), b[ne:].contiguous(), w["A_log"],
-                                           w["dt_bias"], ssm, inp.dec_slots))
-        o = torch.cat(outs) if len(outs) > 1 else outs[0]
+            outs.append(prefill(q[:ne], k[:ne], v[:ne], a[:ne], b[:ne], A_log, dt_bias, ssm, inp.ext_slots,
+                                self._cu(inp), inp.prefix_lens > 0))
+        if q.shape[0] > ne:
+            outs.append(kernels.kda_decode(q[ne:], k[ne:], v[ne:], a[ne:], b[ne:], A_log, dt_bias, ssm,
+                                           inp.dec_slots))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    def _kda(self, h, w, inp, lid):
+        d = self.d
+        t, hd = h.shape[0], d.lin_heads * d.lin_head_dim
+        li = self.lin_index[lid]
+        conv_state = self.mamba_pool.conv[0][li].transpose(-1, -2)  # [slots, dim, W-1], the kernels' view
+        y = self._conv(h @ w["wqkv"], w, inp, conv_state)
+        q, k, v = (z.reshape(t, d.lin_heads, d.lin_head_dim).contiguous() for z in y.chunk(3, dim=-1))
+        a = ((h @ w["wfa"]) @ w["wfb"]).contiguous()
+        o = self._delta_rule(q, k, v, a, (h @ w["wb"]).contiguous(), w["A_log"], w["dt_bias"], inp,
+                             self.mamba_pool.temporal[li])
         o = rms_norm(o, w["onorm"]) * torch.sigmoid(h @ w["wg"]).reshape(t, d.lin_heads, d.lin_head_dim)
         return o.reshape(t, hd).to(h.dtype) @ w["wo"]
+
+    def _gdn(self, h, w, inp, lid):
+        d = self.d
+        t, kd, vd = h.shape[0], d.lin_k_heads * d.lin_state, d.lin_heads * d.lin_head_dim
+        li = self.lin_index[lid]
+        qkv, z = (h @ w["wqkvz"]).split([2 * kd + vd, vd], dim=-1)
+        b, a = (h @ w["wba"]).chunk(2, dim=-1)
+        y = self._conv(qkv.contiguous(), w, inp, self.mamba_pool.conv[0][li])  # the pool's [slots, dim, W-1]
+        q, k, v = y.split([kd, kd, vd], dim=-1)
+        q = q.reshape(t, d.lin_k_heads, d.lin_state).contiguous()
+        k = k.reshape(t, d.lin_k_heads, d.lin_state).contiguous()
+        v = v.reshape(t, d.lin_heads, d.lin_head_dim).contiguous()
+        a_k, dt_bias_k = gdn_gate_as_kda(a, w["dt_bias"], d.lin_state)
+        o = self._delta_rule(q, k, v, a_k, b.contiguous(), w["A_log"], dt_bias_k, inp, self.mamba_pool.temporal[li])
+        o = rms_norm(o, w["onorm"]) * F.silu(z).reshape(t, d.lin_heads, d.lin_head_dim)  # RMSNormGated
+        return o.reshape(t, vd).to(h.dtype) @ w["wo"]
+
+    def _mamba2(self, h, w, inp, lid):
+        d = self.d
+        t, hp, gs, ne = h.shape[0], d.lin_heads * d.lin_head_dim, d.lin_k_heads * d.lin_state, inp.num_ext_tokens
+        li = self.lin_index[lid]
+        z, xbc, dt = (h @ w["in_proj"]).split([hp, hp + 2 * gs, d.lin_heads], dim=-1)
+        y = self._conv(xbc.contiguous(), w, inp, self.mamba_pool.conv[0][li])
+        x, B, C = y.split([hp, gs, gs], dim=-1)
+        x = x.reshape(t, d.lin_heads, d.lin_head_dim)
+        B, C = B.reshape(t, d.lin_k_heads, d.lin_state), C.reshape(t, d.lin_k_heads, d.lin_state)
+        ssm, args = self.mamba_pool.temporal[li], (w["A_log"], w["dt_bias"], w["D"])
+        outs = []
+        if ne:
+            outs.append(mamba2_prefill(x[:ne], B[:ne], C[:ne], dt[:ne], *args, ssm, inp.ext_slots, self._cu(inp),
+                                       inp.prefix_lens > 0))
+        if t > ne:
+            outs.append(mamba2_decode(x[ne:], B[ne:], C[ne:], dt[ne:], *args, ssm, inp.dec_slots))
+        o = (torch.cat(outs) if len(outs) > 1 else outs[0]).reshape(t, hp)
+        # MixerRMSNormGated: y * silu(z), then RMSNorm within each of the n_groups groups
+        o = rms_norm((o * F.silu(z)).reshape(t, d.lin_k_heads, hp // d.lin_k_heads), w["onorm"]).reshape(t, hp)
+        return o.to(h.dtype) @ w["wo"]

@@ -127,10 +127,18 @@ def test_heldout_blocks_are_contiguous():
 def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     out = tmp_path / "cal"
     args = ["--model", "kimi-linear-48b-a3b", "--gpu", "H200", *SMALL]
-    res = runner.invoke(app, ["calibrate", str(chat_trace), *args, "--device", "cpu", "--tiny", "--out", str(out)])
+    res = runner.invoke(app, ["calibrate", str(chat_trace), *args, "--device", "cpu", "--tiny", "--out", str(out),
+                              "--repeat", "2"])
     assert res.exit_code == 0, res.output
     rec = json.loads((out / "calibration.json").read_text())
     assert rec["phase"] == "done" and rec["fixture_only"] is True
+    # the second run (the synthetic timer's noise drawn again) agrees with the first within 3 %
+    rep = rec["repeat"]
+    assert rep["runs"] == 2 and rep["agree"] is True and rep["max_rel_diff"] <= 0.03
+    assert sorted(rep["each"][0]["compared"]) == ["fitted decode total", "fitted prefill total",
+                                                  "median decode step", "median prefill step"]
+    assert sorted(rep["each"][0]["coefficients"]) == sorted(rec["fit"]["fitted"])
+    assert "two runs agree: yes" in res.output
     assert rec["pool_check"]["mismatches"] == 0
     assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 50
     assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
@@ -234,12 +242,20 @@ def test_bad_layers_and_missing_cuda_are_one_line_errors(chat_trace, tmp_path):
 
 
 @pytest.mark.gpu
-def test_calibrate_on_cuda_tiny(chat_trace, tmp_path):
+@pytest.mark.parametrize("model, extra", [("kimi-linear-48b-a3b", []), ("qwen3-next-80b-a3b", ["--tp", "2"]),
+                                          ("nemotron-3-nano-30b-a3b", []), ("llama-3.1-8b", [])])
+def test_calibrate_on_cuda_tiny(chat_trace, tmp_path, model, extra):
+    """Requires CUDA: decode steps replay CUDA graphs captured per bucket, the pools still match every step."""
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
+        pytest.skip("requires CUDA")
     out = tmp_path / "gpu"
-    res = runner.invoke(app, ["calibrate", str(chat_trace), "--model", "kimi-linear-48b-a3b", "--gpu", "H200", *SMALL,
-                              "--device", "cuda:0", "--tiny", "--out", str(out)])
+    res = runner.invoke(app, ["calibrate", str(chat_trace), "--model", model, "--gpu", "H200", *extra, *SMALL,
+                              "--device", "cuda:0", "--tiny", "--repeat", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     rec = json.loads((out / "calibration.json").read_text())
     assert rec["pool_check"]["mismatches"] == 0 and rec["device"]["sm_count"] > 0
+    assert rec["pool_check"]["guard_slots"] == "untouched"
+    graphs = rec["replay"]["graphs"]
+    assert graphs["mode"] == "cuda graphs" and graphs["captured"] and graphs["capture_s"] > 0
+    assert set(map(str, graphs["captured"])) == set(graphs["decode_steps_per_bucket"])
+    assert rec["repeat"]["each"][0]["measured"] == rec["replay"]["measured"]
