@@ -362,14 +362,11 @@ class _Server:
     def __init__(self, sched, model, plan, dims, layer_ids, opts: ReplayOptions, capture_bs: list[int]):
         import torch
 
-        from kernels.standin import StandInForward
+        from kernels.standin import StandInForward, kv_torch_dtype
         from pools.kv_cache import MHATokenToKVPool, MLATokenToKVPool
 
         attn = [i for i in layer_ids if model.layers[i].mixer == "attention"]
         size, page = sched.config.max_total_num_tokens, sched.page_size
-        if plan.kv_cache_dtype.startswith("fp8"):
-            raise ValueError(f"--kv-cache-dtype {plan.kv_cache_dtype}: the stand-in forward stores bf16/fp16/fp32 KV "
-                             "only (fp8 stored as uint8 is not wired into store_kv/decode_attention yet)")
         if model.use_mla:
             self.kv = MLATokenToKVPool(size, page, plan.kv_cache_dtype, dims.kv_lora_rank, dims.qk_rope, len(attn),
                                        device=opts.device)
@@ -379,7 +376,8 @@ class _Server:
         pool = sched.req_to_token_pool
         dtype = getattr(torch, model.dtype) if torch.device(opts.device).type == "cuda" else torch.float32
         self.forward = StandInForward(model, dims, layer_ids, opts.device, dtype, seed=opts.seed, kv_pool=self.kv,
-                                      mamba_pool=getattr(pool, "mamba_pool", None), req_to_token=pool.req_to_token)
+                                      mamba_pool=getattr(pool, "mamba_pool", None), req_to_token=pool.req_to_token,
+                                      kv_dtype=kv_torch_dtype(plan.kv_cache_dtype))
         self.pool = pool
         self.mirror = torch.zeros_like(pool.req_to_token)  # written only by the write_req_to_token kernel
         self.graphs = CudaGraphRunner(self.forward, capture_bs, capture=torch.device(opts.device).type == "cuda")

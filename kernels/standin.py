@@ -44,6 +44,18 @@ from kernels.ops.kda_prefill import naive as kda_prefill_reference
 SUPPORTED_MIXERS = ("attention", "kda", "gdn", "mamba2")
 LINEAR_MIXERS = ("kda", "gdn", "mamba2")  # the ones with a state slot in the MambaPool
 MAMBA2_CHUNK = 64  # tokens per chunk of the chunked SSD scan (prefill)
+# The KV scale of a layer whose checkpoint has none (the stand-in's: it loads no checkpoint). SGLang 0.5.23: a model
+# without a quantization config leaves ``k_scale``/``v_scale`` None (srt/layers/radix_attention.py:94-97), so the
+# store does not scale (triton_backend.py:1662-1663) and decode descales by 1.0 (:2368-2373); an fp8 checkpoint
+# without KV scales gets 1.0 for both (srt/layers/quantization/kv_cache.py:59-63). Either way: x / 1 and x * 1.
+KV_SCALE = 1.0
+FP8_KV_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # --kv-cache-dtype -> torch dtype
+
+
+def kv_torch_dtype(kv_cache_dtype: str) -> torch.dtype | None:
+    """The fp8 dtype the kernels view an fp8 KV pool's uint8 buffers as; None for a pool stored in its own dtype."""
+    name = FP8_KV_DTYPES.get(kv_cache_dtype)
+    return getattr(torch, name) if name else None
 
 
 @dataclass(frozen=True)
@@ -242,8 +254,12 @@ class StandInForward:
     """Random weights for the run layers; ``forward(inputs, timer)`` runs one step over the pools it is given."""
 
     def __init__(self, model, dims: Dims, layer_ids: list[int], device: str, dtype: torch.dtype, seed: int = 0,
-                 kv_pool=None, mamba_pool=None, req_to_token=None):
+                 kv_pool=None, mamba_pool=None, req_to_token=None, kv_dtype: torch.dtype | None = None):
+        """``kv_dtype``: the fp8 dtype of an fp8 KV pool (its buffers are uint8, SGLang's ``store_dtype``), else None.
+        The stand-in has no checkpoint, hence no KV scales: an fp8 pool gets SGLang's unit ``KV_SCALE``."""
         self.model, self.d, self.layer_ids = model, dims, list(layer_ids)
+        self.kv_dtype = kv_dtype
+        self.kv_scale = KV_SCALE if kv_dtype is not None else None
         self.device, self.dtype = torch.device(device), dtype
         self.kv_pool, self.mamba_pool, self.req_to_token = kv_pool, mamba_pool, req_to_token
         self.attn_index = {lid: i for i, lid in enumerate(l for l in self.layer_ids
@@ -402,14 +418,17 @@ class StandInForward:
         return out
 
     def _attend(self, q, k_buf, v_buf, inp: StepInputs, sm_scale):
+        """Prefill rows through ``extend_attention``, decode rows through ``decode_attention``. q stays in the model
+        dtype: the ops cast it to the cache's as SGLang does (an fp8 cache: rounded only where SGLang rounds it)."""
         ne = inp.num_ext_tokens
         parts = []
         if ne:
             parts.append(kernels.extend_attention(q[:ne], k_buf, v_buf, self.req_to_token, inp.ext_rows,
-                                                  inp.prefix_lens, inp.extend_lens, sm_scale))
+                                                  inp.prefix_lens, inp.extend_lens, sm_scale, kv_dtype=self.kv_dtype))
         if inp.dec_rows.numel():
-            parts.append(kernels.decode_attention(q[ne:].to(k_buf.dtype), k_buf, v_buf, self.req_to_token,
-                                                  inp.dec_rows, inp.dec_seq_lens, sm_scale).to(q.dtype))
+            parts.append(kernels.decode_attention(q[ne:], k_buf, v_buf, self.req_to_token, inp.dec_rows,
+                                                  inp.dec_seq_lens, sm_scale, k_scale=self.kv_scale,
+                                                  v_scale=self.kv_scale, kv_dtype=self.kv_dtype))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _mha(self, h, w, inp, lid):
@@ -423,8 +442,9 @@ class StandInForward:
         k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
         loc = torch.cat([inp.ext_loc, inp.dec_loc])
         kernels.store_kv(k_buf, v_buf, loc, k.reshape(t, d.kv_heads, d.head_dim).contiguous(),
-                         v.reshape(t, d.kv_heads, d.v_head_dim).contiguous())
-        o = self._attend(q.to(k_buf.dtype), k_buf, v_buf, inp, None).to(h.dtype)
+                         v.reshape(t, d.kv_heads, d.v_head_dim).contiguous(), self.kv_scale, self.kv_scale,
+                         self.kv_dtype)
+        o = self._attend(q, k_buf, v_buf, inp, None)
         return o.reshape(t, -1) @ w["wo"]
 
     def _mla(self, h, w, inp, lid):
@@ -433,11 +453,14 @@ class StandInForward:
         q = (h @ w["wq"]).reshape(t, d.heads, d.qk_nope + d.qk_rope)
         latent = (h @ w["wkv_a"]).reshape(t, 1, d.mla_dim)
         kv_buf = self.kv_pool.kv_buffer[self.attn_index[lid]]
-        kernels.store_mla_kv(kv_buf, torch.cat([inp.ext_loc, inp.dec_loc]), latent.contiguous())
+        if self.kv_scale is not None:  # the MLA pool takes no scale: the backend divides first (triton_backend.py:2326)
+            latent = latent / self.kv_scale
+        kernels.store_mla_kv(kv_buf, torch.cat([inp.ext_loc, inp.dec_loc]), latent.contiguous(),
+                             kv_dtype=self.kv_dtype)
         q_lat = torch.einsum("thn,hnl->thl", q[..., :d.qk_nope], w["w_kc"])
-        qq = torch.cat([q_lat, q[..., d.qk_nope:]], dim=-1).to(kv_buf.dtype)
+        qq = torch.cat([q_lat, q[..., d.qk_nope:]], dim=-1)
         o = self._attend(qq, kv_buf, kv_buf[..., :d.kv_lora_rank], inp, (d.qk_nope + d.qk_rope) ** -0.5)
-        o = torch.einsum("thl,hlv->thv", o.to(h.dtype), w["w_vc"])
+        o = torch.einsum("thl,hlv->thv", o, w["w_vc"])
         return o.reshape(t, -1) @ w["wo"]
 
     # ---------------------------------------------------------------- linear attention
