@@ -5,8 +5,9 @@ No checkpoint is read: every weight is seeded noise, so the numbers are meaningl
 Per layer: RMSNorm -> mixer -> residual -> RMSNorm -> MLP/MoE -> residual; then the final norm and the LM head on
 each request's last token. Mixers:
 
-- attention (MHA/GQA): QKV GEMM, ``store_kv`` at the step's slots, ``extend_attention`` for prefill rows
-  (prefix from the pool) and ``decode_attention`` for decode rows, output GEMM;
+- attention (MHA/GQA): QKV GEMM (per-head q/k RMSNorm where the model has it; Qwen3-Next's sigmoid output gate
+  packed per head beside q), ``store_kv`` at the step's slots, ``extend_attention`` for prefill rows (prefix from
+  the pool) and ``decode_attention`` for decode rows, output GEMM;
 - attention (MLA, absorbed as SGLang's decode does): latent ``store_mla_kv``, q_nope absorbed into the latent,
   attention over ``kv_buffer`` with ``v = kv_buffer[..., :kv_lora_rank]``, value up-projection, output GEMM;
 - KDA: QKV GEMM, ``conv1d_prefill`` / ``conv1d_update`` over the pool's conv state, ``kda_prefill`` /
@@ -18,11 +19,19 @@ each request's last token. Mixers:
 - Mamba2 (Nemotron-H): in-projection to z, xBC and dt, ``conv1d_prefill`` / ``conv1d_update`` over xBC, the SSD
   state update (``mamba2_decode`` / chunked ``mamba2_prefill``: plain torch, the project has no Mamba2 kernel),
   gated grouped RMSNorm, output GEMM;
+- short conv (LFM2): in-projection to B, C, x, ``conv1d_prefill`` / ``conv1d_update`` (no activation) over B*x and
+  the pool's conv state, C times that, output GEMM (LFM2 has no recurrent state);
 - none: Nemotron-H's MLP/MoE-only blocks (no mixer).
-MLPs are SwiGLU (gate + up + down) or, where the model's are not gated (Nemotron-H), relu^2 (up + down).
+MLPs are SwiGLU (gate + up + down) or, where the model's are not gated (Nemotron-H), relu^2 (up + down). MoE
+routers: softmax top-k, or for the routers with a score-correction bias (DeepSeek-V3, Kimi, Nemotron-H) SGLang's
+sigmoid grouped top-k (``biased_grouped_topk``); Qwen3-Next's shared expert is scaled by its sigmoid gate. RoPE is
+not stood in (elementwise, no pool traffic).
+
+fp8 KV cache: the pools are uint8 (SGLang's ``store_dtype``); the ops get ``kv_dtype`` and unit scales
+(``KV_SCALE``) and cast q themselves (q is never cast to the buffer dtype here).
 
 ``--layers`` runs a subset (``unit``: one layer of each (mixer, MLP) kind; N: up to N of each) and scales each
-layer's measured time by how many layers of its kind the model has. LFM2's short conv is not stood in.
+layer's measured time by how many layers of its kind the model has.
 
 The forward is a list of segments (the embedding, each run layer's mixer and MLP, the head) so a decode step can
 be replayed from CUDA graphs captured per segment (``kernels.replay.CudaGraphRunner``); the MoE segment sizes its
@@ -41,8 +50,8 @@ import torch.nn.functional as F
 import kernels
 from kernels.ops.kda_prefill import naive as kda_prefill_reference
 
-SUPPORTED_MIXERS = ("attention", "kda", "gdn", "mamba2")
-LINEAR_MIXERS = ("kda", "gdn", "mamba2")  # the ones with a state slot in the MambaPool
+SUPPORTED_MIXERS = ("attention", "kda", "gdn", "mamba2", "short_conv")
+LINEAR_MIXERS = ("kda", "gdn", "mamba2", "short_conv")  # the ones with a state slot in the MambaPool
 MAMBA2_CHUNK = 64  # tokens per chunk of the chunked SSD scan (prefill)
 # The KV scale of a layer whose checkpoint has none (the stand-in's: it loads no checkpoint). SGLang 0.5.23: a model
 # without a quantization config leaves ``k_scale``/``v_scale`` None (srt/layers/radix_attention.py:94-97), so the
@@ -81,16 +90,22 @@ class Dims:
     top_k: int = 0
     moe_inter: int = 0
     shared_inter: int = 0
+    expert_groups: int = 1  # grouped top-k routers (sigmoid + score bias): n_group / num_expert_group
+    topk_groups: int = 1  # topk_group
 
     @staticmethod
     def of(model, tp: int) -> "Dims":
         moe, la = model.moe, model.linear_attn
+        groups, topk_groups = expert_groups(model)
+        conv = la is not None and la.kind == "short_conv"  # LFM2: one "head" of hidden / tp conv channels
         return Dims(
+            expert_groups=groups, topk_groups=topk_groups,
             hidden=model.hidden_size, vocab=max(1, model.vocab_size // tp),
             heads=max(1, model.num_attention_heads // tp), kv_heads=max(1, model.num_key_value_heads // tp),
             head_dim=model.head_dim, v_head_dim=model.v_head_dim, kv_lora_rank=model.kv_lora_rank,
             qk_rope=model.qk_rope_head_dim, qk_nope=model.qk_nope_head_dim,
-            lin_heads=max(1, la.num_heads // tp) if la else 0, lin_head_dim=la.head_dim if la else 0,
+            lin_heads=max(1, la.num_heads // tp) if la else 0,
+            lin_head_dim=(la.head_dim // tp if conv else la.head_dim) if la else 0,
             lin_k_heads=max(1, la.num_k_heads // tp) if la else 0, lin_state=la.head_k_dim if la else 0,
             conv_kernel=la.conv_kernel if la else 4,
             dense_inter=max(1, model.intermediate_size // tp) if model.intermediate_size else 0,
@@ -100,15 +115,21 @@ class Dims:
 
     @staticmethod
     def tiny(model) -> "Dims":
-        """The model's structure at CI size: hidden 64, 4 query heads, 8 experts (top 2); linear attention: 2 value
-        heads of 16 (GDN: on 1 key head of 16; Mamba2: 1 group, state 8)."""
+        """The model's structure at CI size: hidden 64, 4 query heads, 8 experts (top 2; at most 4 groups of 2 for a
+        grouped router); linear attention: 2 value heads of 16 (GDN: on 1 key head of 16; Mamba2: 1 group, state 8;
+        LFM2's short conv: 64 channels, as its conv width is the hidden size)."""
         moe, la = model.moe, model.linear_attn
-        return Dims(hidden=64, vocab=256, heads=4, kv_heads=2 if model.num_key_value_heads < model.num_attention_heads
+        groups, topk_groups = expert_groups(model)
+        groups = min(groups, 4)
+        if la is not None and la.kind == "short_conv":
+            la_dims = dict(lin_heads=1, lin_head_dim=64, lin_k_heads=1, lin_state=0)
+        else:
+            la_dims = dict(lin_heads=2 if la else 0, lin_head_dim=16 if la else 0,
+                           lin_k_heads={"kda": 2, "gdn": 1, "mamba2": 1}.get(la.kind, 0) if la else 0,
+                           lin_state={"kda": 16, "gdn": 16, "mamba2": 8}.get(la.kind, 0) if la else 0)
+        return Dims(expert_groups=groups, topk_groups=min(topk_groups, groups), **la_dims, hidden=64, vocab=256, heads=4, kv_heads=2 if model.num_key_value_heads < model.num_attention_heads
                     else 4, head_dim=16, v_head_dim=16, kv_lora_rank=32 if model.use_mla else 0,
                     qk_rope=8 if model.use_mla else 0, qk_nope=16 if model.use_mla else 0,
-                    lin_heads=2 if la else 0, lin_head_dim=16 if la else 0,
-                    lin_k_heads={"kda": 2, "gdn": 1, "mamba2": 1}.get(la.kind, 0) if la else 0,
-                    lin_state={"kda": 16, "gdn": 16, "mamba2": 8}.get(la.kind, 0) if la else 0,
                     conv_kernel=la.conv_kernel if la else 4,
                     dense_inter=128, experts=8 if moe else 0, top_k=min(2, moe.top_k) if moe else 0,
                     moe_inter=32 if moe else 0, shared_inter=32 if moe and moe.shared_intermediate_size else 0)
@@ -123,9 +144,23 @@ class Dims:
 
         if kind == "kda":
             return MambaStateShape.kimi_linear(1, self.lin_heads, self.lin_head_dim, self.conv_kernel)
+        if kind == "short_conv":  # Lfm2Config.mamba2_cache_params: conv only (state_size 0)
+            return MambaStateShape.mamba2(1, intermediate_size=self.lin_head_dim, n_groups=1, num_heads=1,
+                                          head_dim=self.lin_head_dim, state_size=0, conv_kernel=self.conv_kernel,
+                                          kind=kind)
         return MambaStateShape.mamba2(1, intermediate_size=self.lin_heads * self.lin_head_dim,
                                       n_groups=self.lin_k_heads, num_heads=self.lin_heads, head_dim=self.lin_head_dim,
                                       state_size=self.lin_state, conv_kernel=self.conv_kernel, kind=kind)
+
+
+def expert_groups(model) -> tuple[int, int]:
+    """``(n_group, topk_group)`` of a grouped sigmoid router (the MoE has ``score_bias``), read from the HF config
+    (DeepSeek/Nemotron-H: n_group; Kimi: num_expert_group); ``(1, 1)`` otherwise."""
+    if model.moe is None or not model.moe.score_bias:
+        return 1, 1
+    cfg = model.hf_config.get("text_config", model.hf_config) if model.hf_config else {}
+    groups = int(cfg.get("n_group") or cfg.get("num_expert_group") or 1)
+    return groups, int(cfg.get("topk_group") or groups)
 
 
 def select_layers(model, spec: str) -> tuple[list[int], dict[int, float]]:
@@ -247,6 +282,26 @@ def mamba2_prefill(x, B, C, dt, A_log, dt_bias, D, ssm_states, slot_indices, cu_
     return y.to(x.dtype)
 
 
+def biased_grouped_topk(logits, bias, top_k: int, groups: int, topk_groups: int, renormalize: bool = True,
+                        scaling: float = 1.0):
+    """The sigmoid router with a score-correction bias (DeepSeek-V3, Kimi, Nemotron-H; SGLang's
+    ``biased_grouped_topk_impl``, srt/layers/moe/topk.py:1780-1856): scores ``sigmoid(logits)``; experts chosen by
+    ``scores + bias`` among the ``topk_groups`` groups whose two best biased scores sum highest; weights the unbiased
+    scores of the chosen, renormalized to sum 1 (+1e-20) and times ``routed_scaling_factor`` (applied on the output
+    by the MoE runner or in top-k: the same product). Returns ``(weights fp32 [T, k], ids [T, k])``."""
+    scores = logits.float().sigmoid()
+    t, e = scores.shape
+    choice = scores + bias.float()
+    group_scores = choice.view(t, groups, e // groups).topk(min(2, e // groups), dim=-1)[0].sum(-1)
+    keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1)[1], 1.0)
+    keep = keep.bool()[:, :, None].expand(t, groups, e // groups).reshape(t, e)
+    ids = choice.masked_fill(~keep, float("-inf")).topk(top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
 Segment = tuple  # (timer label, graph-safe, fn(x) -> x)
 
 
@@ -267,6 +322,9 @@ class StandInForward:
         self.lin_index = {lid: i for i, lid in enumerate(l for l in self.layer_ids
                                                          if model.layers[l].mixer in LINEAR_MIXERS)}
         self.moe_gated = model.moe.gated if model.moe else True
+        cfg = model.hf_config.get("text_config", model.hf_config) if model.hf_config else {}
+        renorm = cfg.get("norm_topk_prob", cfg.get("moe_renormalize", True))
+        self.router_norm = (bool(renorm), float(cfg.get("routed_scaling_factor") or 1.0))  # biased_grouped_topk
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         d = dims
         self.embed = self._w(d.vocab, d.hidden, scale=1.0)
@@ -295,9 +353,17 @@ class StandInForward:
             w["w_kc"] = self._w(d.heads, d.qk_nope, d.kv_lora_rank)
             w["w_vc"] = self._w(d.heads, d.kv_lora_rank, d.v_head_dim)
             w["wo"] = self._w(d.heads * d.v_head_dim, d.hidden)
-        elif spec.mixer == "attention":
-            w["wqkv"] = self._w(d.hidden, (d.heads + d.kv_heads) * d.head_dim + d.kv_heads * d.v_head_dim)
+        elif spec.mixer == "attention":  # Qwen3-Next packs a sigmoid output gate per head beside q
+            gate = 2 if self.model.attn_output_gate else 1
+            w["wqkv"] = self._w(d.hidden, (gate * d.heads + d.kv_heads) * d.head_dim + d.kv_heads * d.v_head_dim)
             w["wo"] = self._w(d.heads * d.v_head_dim, d.hidden)
+            if self.model.qk_norm:  # per-head RMSNorm on q and k (Qwen3, Qwen3-Next, LFM2)
+                w["q_norm"], w["k_norm"] = self._ones(d.head_dim), self._ones(d.head_dim)
+        elif spec.mixer == "short_conv":  # LFM2: in_proj to B, C, x; conv over B*x; out_proj of C * conv
+            hd = d.lin_head_dim
+            w["in_proj"] = self._w(d.hidden, 3 * hd)
+            w["conv"] = self._w(hd, d.conv_kernel, scale=0.5)  # model dtype: a plain nn.Parameter in Lfm2ShortConv
+            w["wo"] = self._w(hd, d.hidden)
         elif spec.mixer == "kda":
             hd = d.lin_heads * d.lin_head_dim
             w["wqkv"] = self._w(d.hidden, 3 * hd)
@@ -336,11 +402,15 @@ class StandInForward:
         elif spec.mlp == "moe":
             up = (2 if self.moe_gated else 1)
             w["router"] = self._w(d.hidden, d.experts)
+            if self.model.moe.score_bias:  # e_score_correction_bias, an fp32 parameter
+                w["score_bias"] = self._f32(torch.randn(d.experts, generator=self.gen) * 0.1)
             w["e_gu"] = self._w(d.experts, d.hidden, up * d.moe_inter)
             w["e_d"] = self._w(d.experts, d.moe_inter, d.hidden)
             if d.shared_inter:
                 w["s_gu"] = self._w(d.hidden, up * d.shared_inter)
                 w["s_d"] = self._w(d.shared_inter, d.hidden)
+                if self.model.moe.shared_expert_gate:  # Qwen3-Next: sigmoid(h @ gate) scales the shared expert
+                    w["s_gate"] = self._w(d.hidden, 1)
         return w
 
     # ---------------------------------------------------------------- forward
@@ -386,7 +456,8 @@ class StandInForward:
     def _mixer(self, spec, w, h, inp, lid):
         if spec.mixer == "attention":
             return self._mla(h, w, inp, lid) if self.model.use_mla else self._mha(h, w, inp, lid)
-        return {"kda": self._kda, "gdn": self._gdn, "mamba2": self._mamba2}[spec.mixer](h, w, inp, lid)
+        return {"kda": self._kda, "gdn": self._gdn, "mamba2": self._mamba2,
+                "short_conv": self._short_conv}[spec.mixer](h, w, inp, lid)
 
     @staticmethod
     def _mlp(h, w_gu, w_d, gated=True):
@@ -397,9 +468,14 @@ class StandInForward:
 
     def _moe(self, h, w):
         d = self.d
-        scores = (h @ w["router"]).float()
-        topv, topi = scores.topk(d.top_k, dim=-1)  # seeded inputs and weights: a seeded routing
-        weights = torch.softmax(topv, dim=-1).to(h.dtype)
+        logits = (h @ w["router"]).float()  # seeded inputs and weights: a seeded routing
+        if "score_bias" in w:
+            weights, topi = biased_grouped_topk(logits, w["score_bias"], d.top_k, d.expert_groups, d.topk_groups,
+                                                *self.router_norm)
+            weights = weights.to(h.dtype)
+        else:
+            topv, topi = logits.topk(d.top_k, dim=-1)
+            weights = torch.softmax(topv, dim=-1).to(h.dtype)
         flat = topi.flatten()
         order = flat.argsort()
         counts = torch.bincount(flat, minlength=d.experts).tolist()
@@ -414,7 +490,8 @@ class StandInForward:
                 out.index_add_(0, rows, y)
                 start += n
         if "s_gu" in w:
-            out = out + self._mlp(h, w["s_gu"], w["s_d"], self.moe_gated)
+            shared = self._mlp(h, w["s_gu"], w["s_d"], self.moe_gated)
+            out = out + (shared * torch.sigmoid(h @ w["s_gate"]) if "s_gate" in w else shared)
         return out
 
     def _attend(self, q, k_buf, v_buf, inp: StepInputs, sm_scale):
@@ -435,16 +512,25 @@ class StandInForward:
         d = self.d
         t = h.shape[0]
         qkv = h @ w["wqkv"]
-        q, k, v = qkv.split([d.heads * d.head_dim, d.kv_heads * d.head_dim, d.kv_heads * d.v_head_dim], dim=-1)
-        q = q.reshape(t, d.heads, d.head_dim)
+        gated = self.model.attn_output_gate
+        q, k, v = qkv.split([(2 if gated else 1) * d.heads * d.head_dim, d.kv_heads * d.head_dim,
+                             d.kv_heads * d.v_head_dim], dim=-1)
+        q = q.reshape(t, d.heads, -1)
+        if gated:  # per head [q | gate] (Qwen3NextAttention.forward_prepare_native)
+            q, gate = q.chunk(2, dim=-1)
+        k = k.reshape(t, d.kv_heads, d.head_dim)
+        if "q_norm" in w:
+            q, k = rms_norm(q, w["q_norm"]), rms_norm(k, w["k_norm"])
         pool = self.kv_pool
         li = self.attn_index[lid]
         k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
         loc = torch.cat([inp.ext_loc, inp.dec_loc])
-        kernels.store_kv(k_buf, v_buf, loc, k.reshape(t, d.kv_heads, d.head_dim).contiguous(),
+        kernels.store_kv(k_buf, v_buf, loc, k.contiguous(),
                          v.reshape(t, d.kv_heads, d.v_head_dim).contiguous(), self.kv_scale, self.kv_scale,
                          self.kv_dtype)
-        o = self._attend(q, k_buf, v_buf, inp, None)
+        o = self._attend(q.contiguous(), k_buf, v_buf, inp, None)
+        if gated:
+            o = o * torch.sigmoid(gate)
         return o.reshape(t, -1) @ w["wo"]
 
     def _mla(self, h, w, inp, lid):
@@ -467,14 +553,14 @@ class StandInForward:
     def _cu(self, inp):
         return torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device), torch.cumsum(inp.extend_lens, 0)])
 
-    def _conv(self, mixed, w, inp, conv_state):
+    def _conv(self, mixed, w, inp, conv_state, activation="silu"):
         """The causal conv over the prefill rows (``conv1d_prefill``) and the decode rows (``conv1d_update``)."""
         ne, outs = inp.num_ext_tokens, []
         if ne:
             outs.append(kernels.conv1d_prefill(mixed[:ne], conv_state, w["conv"], None, inp.ext_slots, self._cu(inp),
-                                               inp.prefix_lens > 0))
+                                               inp.prefix_lens > 0, activation))
         if mixed.shape[0] > ne:
-            outs.append(kernels.conv1d_update(mixed[ne:], conv_state, w["conv"], None, inp.dec_slots))
+            outs.append(kernels.conv1d_update(mixed[ne:], conv_state, w["conv"], None, inp.dec_slots, activation))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _delta_rule(self, q, k, v, a, b, A_log, dt_bias, inp, ssm):
@@ -539,3 +625,11 @@ class StandInForward:
         # MixerRMSNormGated: y * silu(z), then RMSNorm within each of the n_groups groups
         o = rms_norm((o * F.silu(z)).reshape(t, d.lin_k_heads, hp // d.lin_k_heads), w["onorm"]).reshape(t, hp)
         return o.to(h.dtype) @ w["wo"]
+
+    def _short_conv(self, h, w, inp, lid):
+        """LFM2's gated short conv (Lfm2ShortConv.forward): ``out_proj(C * conv(B * x))``, the conv without an
+        activation over the pool's conv state (``conv1d_prefill`` / ``conv1d_update``); no recurrent state."""
+        li = self.lin_index[lid]
+        b, c, x = (h @ w["in_proj"]).chunk(3, dim=-1)
+        y = self._conv((b * x).contiguous(), w, inp, self.mamba_pool.conv[0][li], activation=None)
+        return (c * y) @ w["wo"]

@@ -148,6 +148,7 @@ def tiny_trace(tmp_path_factory):
 @pytest.mark.parametrize("model, extra, kinds", [
     ("qwen3-next-80b-a3b", ["--tp", "2"], {"gdn+moe": 36, "attention+moe": 12}),  # 80B: two H200s
     ("nemotron-3-nano-30b-a3b", [], {"mamba2+none": 23, "none+moe": 23, "attention+none": 6}),
+    ("lfm2-700m", [], {"short_conv+dense": 10, "attention+dense": 6}),  # full_attn_idxs 2, 5, 8, 10, 12, 14
 ])
 def test_calibrate_tiny_hybrids(tiny_trace, tmp_path, model, extra, kinds):
     out = tmp_path / "cal"
