@@ -129,8 +129,8 @@ class Dims:
                            lin_state={"kda": 16, "gdn": 16, "mamba2": 8}.get(la.kind, 0) if la else 0)
         return Dims(expert_groups=groups, topk_groups=min(topk_groups, groups), **la_dims, hidden=64, vocab=256,
                     heads=4, kv_heads=2 if model.num_key_value_heads < model.num_attention_heads else 4, head_dim=16,
-                    v_head_dim=16, kv_lora_rank=32 if model.use_mla else 0, qk_rope=8 if model.use_mla else 0, qk_nope=16 if model.use_mla else 0,
-                    conv_kernel=la.conv_kernel if la else 4,
+                    v_head_dim=16, kv_lora_rank=32 if model.use_mla else 0, qk_rope=8 if model.use_mla else 0,
+                    qk_nope=16 if model.use_mla else 0, conv_kernel=la.conv_kernel if la else 4,
                     dense_inter=128, experts=8 if moe else 0, top_k=min(2, moe.top_k) if moe else 0,
                     moe_inter=32 if moe else 0, shared_inter=32 if moe and moe.shared_intermediate_size else 0)
 
