@@ -6,16 +6,26 @@ source URL) and prints, per case and as medians, the signed error (predicted / m
 throughput, mean TTFT, mean TPOT, mean ITL and mean E2E, split by model family (dense / MoE / hybrid)
 and by concurrency (1 vs more).
 
+Warm server: the cookbook pages run their cases back to back on ONE server without --flush-cache
+(bench/data/server_sequences.csv says which, in which order, and why). bench_serving's `random` prompts
+are ShareGPT texts repeated and cut to the drawn lengths; with the same --seed every run draws its input
+lengths first (so a 10-prompt run's lengths are the first 10 of an 80-prompt run's) and shuffles the same
+file the same way (so prompt i is the same text in every run). Prompt i of a later run therefore finds
+min(its length, the longest earlier prompt i) tokens in the radix cache: the 1K/8K runs repeat the 1K/1K
+prompts exactly, and the first wave of an 8K/1K C=64 run repeats the C=16 run's prompts. A case is
+replayed after the cases before it on its server.
+
 Prediction: the closed loop's steady state, built from AnalyticStepTime alone (no SimPy run), so a fit
-takes seconds on one core:
+takes seconds on one core. Per request k: L_k drawn input tokens (seed 1), h_k of them cached (earlier
+runs on the server as above, and the warm-up request, a copy of prompt 0; SGLang computes at least one
+token), p_k = the chunked-prefill steps of its L_k - h_k new tokens after h_k cached ones (eager steps:
+these SGLang versions ran prefill without CUDA graphs):
     B     = min(C, N, max_running_requests)             requests decoding together
-    I, O  = mean input / output tokens (published totals / N)
-    t_pre = sum of the chunked-prefill steps of one I-token prompt (eager steps: these SGLang versions
-            ran prefill without CUDA graphs)
-    t_dec = one decode step of B requests at context I + O/2
-    TTFT  = request_cpu_s + t_pre + (t_dec / 2 if B > 1: the step in flight when it arrives)
-            + (B / N) x (B - 1) x t_pre / 2             the first wave of B requests, sent at once
-    TPOT  = t_dec + (B - 1) x t_pre / O                  the other requests' prefills stall decode
+    O     = mean output tokens (published total / N)
+    t_dec = one decode step of B requests at context mean(L) + O/2
+    TTFT  = request_cpu_s + mean(p) + (t_dec / 2 if B > 1: the step in flight when it arrives)
+            + sum over the first wave k < B of sum_{j<k} p_j / N    (the B requests sent at once queue)
+    TPOT  = t_dec + (B - 1) x mean(p) / O               the other requests' prefills stall decode
     ITL   = TPOT;  E2E = TTFT + (O - 1) x TPOT;  output throughput = B x O / E2E
 
     python bench/time_accuracy.py            # errors of the shipped defaults, every case
@@ -48,11 +58,14 @@ from pools.model_config import ModelConfig  # noqa: E402
 from pools.server_args import ServerArgs  # noqa: E402
 from pools.sizing import plan_memory  # noqa: E402
 from sim.step_time import FIT_BOUNDS, PRIORS, AnalyticStepTime, Coefficients, ModelCost  # noqa: E402
+from traces.bench_serving import random_lens  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"
-METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
-SHORT = {"output_throughput": "tput", "mean_ttft_ms": "TTFT", "mean_tpot_ms": "TPOT", "mean_itl_ms": "ITL",
-         "mean_e2e_ms": "E2E"}
+SEQUENCES = ROOT / "bench" / "data" / "server_sequences.csv"
+SEED = 1  # the --seed of the SGLang 0.5.6-0.5.7 bench_serving runs (its default then; the totals match its draws)
+METRICS = ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
+SHORT = {"output_throughput": "tput", "mean_ttft_ms": "TTFT", "median_ttft_ms": "TTFT50", "mean_tpot_ms": "TPOT",
+         "mean_itl_ms": "ITL", "mean_e2e_ms": "E2E"}
 FIT_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")  # the issue's targets
 
 
@@ -66,6 +79,9 @@ class Case:
     model: ModelConfig
     gpu: object
     args: ServerArgs
+    input_lens: list = None  # per request, as drawn (random) or the published mean (ShareGPT)
+    cached: list = None  # per request: prompt tokens the radix cache holds when it arrives
+    sequence: str = ""  # the server it ran on with other cases ("": alone)
 
     @property
     def id(self) -> str:
@@ -80,6 +96,43 @@ def family(model: ModelConfig) -> str:
     if model.linear_attn is not None:
         return "hybrid"
     return "MoE" if model.moe else "dense"
+
+
+def load_sequences(path: Path = SEQUENCES) -> dict[str, list[str]]:
+    """sequence id -> its case ids in the order they ran on one server."""
+    with open(path, newline="") as f:
+        return {row["sequence_id"]: row["case_ids"].split() for row in csv.DictReader(f)}
+
+
+def drawn_input_lens(row: dict) -> list[int]:
+    """The input lengths bench_serving drew for a case (``random``: seeded; else the published mean)."""
+    n = int(row["num_prompts"])
+    if row["dataset"] != "random":
+        return [int(round(float(row["total_input_tokens"]) / n))] * n
+    ratio = client_flag(row, "--random-range-ratio", 0.0)
+    return random_lens(int(row["input_len"]), ratio, n, np.random.RandomState(SEED))
+
+
+def prompt_cache_hits(cases: list["Case"], sequences: dict[str, list[str]]) -> None:
+    """Fill each case's ``cached``: what earlier runs on its server (and its own warm-up) left in the radix
+    cache for each of its prompts, assuming nothing was evicted (the estimate; the simulator evicts)."""
+    by_id = {c.id: c for c in cases}
+    order = [[by_id[i] for i in ids if i in by_id] for ids in sequences.values()]
+    seen = {c.id for run in order for c in run}
+    order += [[c] for c in cases if c.id not in seen]
+    for run in order:
+        held: dict[int, int] = {}  # prompt index -> longest prompt of that index cached so far (random only)
+        for case in run:
+            lens = case.input_lens
+            warm = int(client_flag(case.row, "--warmup-requests", 1))
+            stand_in = case.row["dataset"] == "random"
+            hits = [min(held.get(i, 0), n) if stand_in else 0 for i, n in enumerate(lens)]
+            if warm:
+                hits[0] = lens[0]
+            case.cached = [min(h, n - 1) for h, n in zip(hits, lens)]  # SGLang computes >= 1 token
+            if stand_in:
+                for i, n in enumerate(lens):
+                    held[i] = max(held.get(i, 0), n)
 
 
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
@@ -103,33 +156,48 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             plan = plan_memory(model, gpu, args)
             cost = ModelCost.from_model(model, gpu, plan, args)
             cases.append(Case(row, family(model), cost, plan.chunked_prefill_size or 0, plan.max_running_requests,
-                              model, gpu, args))
+                              model, gpu, args, drawn_input_lens(row)))
+    sequences = load_sequences() if path == DATA else {}
+    for sid, ids in sequences.items():
+        for case in cases:
+            if case.id in ids:
+                case.sequence = sid
+    prompt_cache_hits(cases, sequences)
     return cases, skipped
 
 
 def predict(case: Case, k: Coefficients) -> dict[str, float]:
     r = case.row
     n, c = int(r["num_prompts"]), int(r["max_concurrency"])
-    i_len = float(r["total_input_tokens"]) / n
+    i_len = float(np.mean(case.input_lens))
     o_len = max(2.0, float(r["total_output_tokens"]) / n)
     b = max(1, min(c, n, case.max_running))
     clock = AnalyticStepTime(case.cost, k)
-    t_pre, done = 0.0, 0
-    total = int(round(i_len))
-    chunk = case.chunk or total
-    while done < total:
-        e = min(chunk, total - done)
-        t_pre += clock.time_of(e, 0, e * done + e * (e + 1) // 2, 0, done + e, 1)
-        done += e
+    pre = [prefill_time(clock, case.chunk, h, total) for h, total in zip(case.cached, case.input_lens)]
+    t_pre = float(np.mean(pre))
     ctx = int(i_len + o_len / 2)
     t_dec = clock.time_of(0, b, 0, b * ctx, b * ctx, b)
     # the first wave: B requests sent at once queue behind each other's prefills (B of the N requests)
-    burst = (b / n) * (b - 1) * t_pre / 2
-    ttft = k.request_cpu_s + t_pre + (t_dec / 2 if b > 1 else 0.0) + burst
+    wait = np.zeros(len(pre))
+    wait[:b] = np.cumsum(pre[:b]) - pre[:b]
+    each = k.request_cpu_s + np.asarray(pre) + (t_dec / 2 if b > 1 else 0.0) + wait
+    ttft = float(np.mean(each))
     tpot = t_dec + (b - 1) * t_pre / o_len
     e2e = ttft + (o_len - 1) * tpot
-    return {"output_throughput": b * o_len / e2e, "mean_ttft_ms": ttft * 1e3, "mean_tpot_ms": tpot * 1e3,
+    return {"output_throughput": b * o_len / e2e, "mean_ttft_ms": ttft * 1e3,
+            "median_ttft_ms": float(np.median(each)) * 1e3, "mean_tpot_ms": tpot * 1e3,
             "mean_itl_ms": tpot * 1e3, "mean_e2e_ms": e2e * 1e3}
+
+
+def prefill_time(clock: AnalyticStepTime, chunk: int, cached: int, total: int) -> float:
+    """The chunked-prefill steps of one prompt's ``total - cached`` new tokens after ``cached`` ones."""
+    t, done = 0.0, cached
+    chunk = chunk or total
+    while done < total:
+        e = min(chunk, total - done)
+        t += clock.time_of(e, 0, e * done + e * (e + 1) // 2, 0, done + e, 1)
+        done += e
+    return t
 
 
 def client_flag(row: dict, flag: str, default: float) -> float:
@@ -138,33 +206,53 @@ def client_flag(row: dict, flag: str, default: float) -> float:
     return float(m.group(1)) if m else default
 
 
-def simulate_case(case: Case, calibration: str | None = None, k: Coefficients | None = None) -> dict[str, float] | None:
-    """The case through the simulator as bench_serving ran it: one warm-up request, then N prompts at
-    --max-concurrency C, --request-rate inf. ``random`` prompts are drawn as SGLang's client draws them
-    with --seed 1 (the published totals match these draws exactly: 6101 / 4220 tokens for 10 prompts of
-    1000 / 1000); their token ids come from ``random-ids`` (no ShareGPT file here, so prompts share no
-    text; with random prompts the prefix cache hardly hits either way). ShareGPT cases need the ShareGPT
-    file: None."""
-    from sim.bench_serving import BenchConfig, run_bench
+def bench_config(case: Case) -> "BenchConfig":
+    """The case's bench_serving invocation: one warm-up request (unless the notes say otherwise), N prompts at
+    --max-concurrency C, --request-rate inf, ``random`` prompts drawn as SGLang's client draws them with
+    --seed 1 (the published totals match these draws exactly: 6101 / 4220 tokens for 10 prompts of
+    1000 / 1000), their texts ShareGPT stand-ins (no ShareGPT file here: traces/bench_serving.py)."""
+    from sim.bench_serving import BenchConfig
 
     r = case.row
-    if r["dataset"] != "random":
-        return None
-    cfg = BenchConfig(dataset_name="random-ids", num_prompts=int(r["num_prompts"]),
-                      random_input_len=int(r["input_len"]), random_output_len=int(r["output_len"]),
-                      random_range_ratio=client_flag(r, "--random-range-ratio", 0.0),
-                      warmup_requests=int(client_flag(r, "--warmup-requests", 1)),
-                      max_concurrency=int(r["max_concurrency"]), seed=1)
-    if k is not None:  # through the calibration-file format, as a GPU calibration would hand them over
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "coefficients.json"
-            path.write_text(json.dumps({"device": "fit", "coefficients": asdict(k)}))
-            _, (m,) = run_bench([cfg], case.model, case.gpu, case.args, calibration=str(path))
-    else:
-        _, (m,) = run_bench([cfg], case.model, case.gpu, case.args, calibration=calibration)
-    return {"output_throughput": m["output_throughput"], "mean_ttft_ms": m["mean_ttft_ms"],
-            "mean_tpot_ms": m["mean_tpot_ms"], "mean_itl_ms": m["mean_itl_ms"],
-            "mean_e2e_ms": m["mean_e2e_latency_ms"]}
+    return BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=int(r["num_prompts"]),
+                       random_input_len=int(r["input_len"]), random_output_len=int(r["output_len"]),
+                       random_range_ratio=client_flag(r, "--random-range-ratio", 0.0),
+                       warmup_requests=int(client_flag(r, "--warmup-requests", 1)),
+                       max_concurrency=int(r["max_concurrency"]), seed=SEED)
+
+
+def simulate_cases(cases: list[Case], calibration: str | None = None, k: Coefficients | None = None,
+                   log=None) -> dict[str, dict[str, float] | None]:
+    """Every case through the simulator as bench_serving ran it: the cases of one server sequence
+    (server_sequences.csv) back to back on one simulated server, in their published order, the prefix
+    cache carried over; other cases alone. ShareGPT cases need the ShareGPT file: None."""
+    from sim.bench_serving import run_bench
+
+    sequences = load_sequences()
+    groups: list[list[Case]] = []
+    for ids in sequences.values():
+        run = [c for i in ids for c in cases if c.id == i and c.row["dataset"] == "random"]
+        if run:
+            groups.append(run)
+    grouped = {c.id for g in groups for c in g}
+    groups += [[c] for c in cases if c.id not in grouped and c.row["dataset"] == "random"]
+    out: dict[str, dict[str, float] | None] = {c.id: None for c in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        if k is not None:  # through the calibration-file format, as a GPU calibration would hand them over
+            calibration = str(Path(tmp) / "coefficients.json")
+            Path(calibration).write_text(json.dumps({"device": "fit", "coefficients": asdict(k)}))
+        for run in groups:
+            first = run[0]
+            _, metrics = run_bench([bench_config(c) for c in run], first.model, first.gpu, first.args,
+                                   calibration=calibration)
+            for case, m in zip(run, metrics):
+                out[case.id] = {"output_throughput": m["output_throughput"], "mean_ttft_ms": m["mean_ttft_ms"],
+                                "median_ttft_ms": m["median_ttft_ms"], "mean_tpot_ms": m["mean_tpot_ms"], "mean_itl_ms": m["mean_itl_ms"],
+                                "mean_e2e_ms": m["mean_e2e_latency_ms"]}
+                if log:
+                    log(f"  simulated {case.id}" + (f" (after {run[0].id} on one server)" if case is not first
+                                                    else ""))
+    return out
 
 
 def errors(cases: list[Case], k: Coefficients, simulated: dict | None = None) -> list[dict[str, float]]:
@@ -181,10 +269,16 @@ def loss(cases: list[Case], k: Coefficients) -> float:
 
 
 def sim_loss(cases: list[Case], k: Coefficients) -> float:
+    # a training case replays its whole server sequence (held-out cases before it warm the cache; only the
+    # training cases' errors count)
+    every, _ = load_cases()
+    ids = {c.id for c in cases}
+    seqs = {c.sequence for c in cases if c.sequence}
+    pred = simulate_cases([c for c in every if c.id in ids or c.sequence in seqs], k=k)
     total = 0.0
     for case in cases:
-        pred = simulate_case(case, k=k)
-        total += sum(math.log(pred[m] / float(case.row[m])) ** 2 for m in FIT_METRICS if case.row[m])
+        p = pred[case.id]
+        total += sum(math.log(p[m] / float(case.row[m])) ** 2 for m in FIT_METRICS if case.row[m])
     return total
 
 
@@ -310,7 +404,7 @@ def main() -> None:
             names = [n for n in fittable(sim_train) if n not in ("moe_token_layer_s", "link_efficiency")]
             k = fit(sim_train, k, loss=sim_loss, steps=(1.2, 1.07), names=names, max_passes=1,
                     log=lambda line: print(line, flush=True))
-            simulated = {c.id: simulate_case(c, k=k) for c in cases}
+            simulated = simulate_cases(cases, k=k)
             report(train, k, "fitted (full simulation), training half", simulated)
             held = report(test, k, "fitted (full simulation), HELD-OUT half", simulated)
         print("\nfitted coefficients (sim/step_time.py DEFAULTS):")
@@ -325,11 +419,10 @@ def main() -> None:
             # the steady-state error; replace it by the full-simulation figure of --simulate (bench/README.md)
             write_defaults(k, fittable(train), measured)
     elif opts.simulate:
-        simulated = {}
-        for case in cases:
-            simulated[case.id] = simulate_case(case)
-            print(f"  simulated {case.id}" + ("" if simulated[case.id] else " (skipped: ShareGPT prompts)"),
-                  flush=True)
+        simulated = simulate_cases(cases, log=lambda line: print(line, flush=True))
+        for cid, m in simulated.items():
+            if m is None:
+                print(f"  not simulated {cid}: ShareGPT prompts (no ShareGPT file here)")
         report(cases, k, "shipped defaults, full simulation, every case", simulated)
         report([c for c in cases if not c.train], k, "shipped defaults, full simulation, HELD-OUT half",
                simulated)
