@@ -44,6 +44,7 @@ import math
 import re
 import sys
 import tempfile
+import time
 import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -66,7 +67,14 @@ SEED = 1  # the --seed of the SGLang 0.5.6-0.5.7 bench_serving runs (its default
 METRICS = ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
 SHORT = {"output_throughput": "tput", "mean_ttft_ms": "TTFT", "median_ttft_ms": "TTFT50", "mean_tpot_ms": "TPOT",
          "mean_itl_ms": "ITL", "mean_e2e_ms": "E2E"}
-FIT_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")  # the issue's targets
+# what the fit minimises: throughput, TPOT and the MEDIAN TTFT, i.e. the requests the closed loop's steady state
+# describes. The mean TTFT of a published run is dominated by a few first-wave requests that waited seconds
+# (e.g. DeepSeek-R1 8K/1K C=64: mean 914 ms, median 225 ms, p99 6.3 s) for reasons no term here models (see
+# bench/README.md); fitting the mean made every steady-state request pay for them (c=1 TTFT +20-40 %). The mean
+# stays in the report as the issue's target.
+FIT_METRICS = ("output_throughput", "median_ttft_ms", "mean_tpot_ms")
+TARGET_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "median_ttft_ms")  # issue #12's three + median
+SIM_FIT_TERMS = ("request_cpu_s", "mfu_", "eager_layer_s_", "hbm_efficiency_", "graph_layer_s_", "step_overhead_s")
 
 
 @dataclass
@@ -357,19 +365,19 @@ def report(cases: list[Case], k: Coefficients, title: str, simulated: dict | Non
     groups["concurrency 1"] = [i for i, c in enumerate(cases) if int(c.row["max_concurrency"]) == 1]
     groups["concurrency >1"] = [i for i, c in enumerate(cases) if int(c.row["max_concurrency"]) > 1]
     print(f"\n{'median signed error':<22} {'n':>3} " + " ".join(f"{SHORT[m]:>7}" for m in METRICS)
-          + "   median |error| tput/TTFT/TPOT")
+          + "   median |error| tput/TTFT/TPOT/TTFT50")
     summary = {}
     for name, idx in groups.items():
         if not idx:
             continue
         signed = [median([errs[i][m] for i in idx]) for m in METRICS]
-        absolute = [median([abs(errs[i][m]) for i in idx]) for m in FIT_METRICS]
+        absolute = [median([abs(errs[i][m]) for i in idx]) for m in TARGET_METRICS]
         summary[name] = absolute
         print(f"{name:<22} {len(idx):>3} " + " ".join(f"{s:>+7.0%}" for s in signed)
               + "   " + " / ".join(f"{a:.0%}" for a in absolute))
     summary["n"] = len(cases)
-    within = [abs(e[m]) <= 0.25 for e in errs for m in FIT_METRICS if not math.isnan(e[m])]
-    print(f"within +-25 %: {sum(within)} of {len(within)} (case, metric) pairs on throughput, TTFT, TPOT")
+    within = [abs(e[m]) <= 0.25 for e in errs for m in TARGET_METRICS[:3] if not math.isnan(e[m])]
+    print(f"within +-25 %: {sum(within)} of {len(within)} (case, metric) pairs on throughput, mean TTFT, TPOT")
     return summary
 
 
@@ -401,9 +409,13 @@ def main() -> None:
         held = report(test, k, "fitted (steady state), HELD-OUT half")
         if opts.fit_sim:
             sim_train = [c for c in train if c.row["dataset"] == "random"]
-            names = [n for n in fittable(sim_train) if n not in ("moe_token_layer_s", "link_efficiency")]
-            k = fit(sim_train, k, loss=sim_loss, steps=(1.2, 1.07), names=names, max_passes=1,
+            # the terms that set step and request times at the published loads (one eval: every server
+            # sequence through the simulator, ~25 CPU s)
+            names = [n for n in fittable(sim_train) if n.startswith(SIM_FIT_TERMS)]
+            started = time.process_time()
+            k = fit(sim_train, k, loss=sim_loss, steps=(1.15,), names=names, max_passes=1,
                     log=lambda line: print(line, flush=True))
+            print(f"full-simulation refinement: {time.process_time() - started:.0f} CPU s")
             simulated = simulate_cases(cases, k=k)
             report(train, k, "fitted (full simulation), training half", simulated)
             held = report(test, k, "fitted (full simulation), HELD-OUT half", simulated)
@@ -412,7 +424,8 @@ def main() -> None:
             print(f'    "{name}": {getattr(k, name):.4g},')
         a = held["all"]
         how = "full simulation" if opts.fit_sim else "steady-state estimate"
-        measured = (f"held-out median |error| {a[0]:.0%} throughput, {a[1]:.0%} TTFT, {a[2]:.0%} TPOT "
+        measured = (f"held-out median |error| {a[0]:.0%} throughput, {a[1]:.0%} TTFT (median TTFT {a[3]:.0%}), "
+                    f"{a[2]:.0%} TPOT "
                     f"({how}, {held['n']} published SGLang runs; bench/time_accuracy.py)")
         print(f"\nMEASURED_ERROR = {measured!r}")
         if opts.write_defaults:
