@@ -41,6 +41,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -106,6 +107,30 @@ def family(model: ModelConfig) -> str:
     return "MoE" if model.moe else "dense"
 
 
+# server flags a case's notes quote, as the run's launch command set them (flag -> ServerArgs field, type);
+# a flag without a type is a switch
+SERVER_FLAGS = {"--max-running-requests": ("max_running_requests", int),
+                "--chunked-prefill-size": ("chunked_prefill_size", int),
+                "--max-prefill-tokens": ("max_prefill_tokens", int),
+                "--mem-fraction-static": ("mem_fraction_static", float),
+                "--attention-backend": ("attention_backend", str),
+                "--kv-cache-dtype": ("kv_cache_dtype", str),
+                "--disable-radix-cache": ("disable_radix_cache", None)}
+
+
+def server_flags(notes: str) -> dict:
+    out = {}
+    for flag, (field, kind) in SERVER_FLAGS.items():
+        if kind is None:
+            if re.search(re.escape(flag) + r"(?![\w-])", notes):
+                out[field] = True
+            continue
+        m = re.search(re.escape(flag) + r"[ =]([\w.]+)", notes)
+        if m:
+            out[field] = kind(m.group(1))
+    return out
+
+
 def load_sequences(path: Path = SEQUENCES) -> dict[str, list[str]]:
     """sequence id -> its case ids in the order they ran on one server."""
     with open(path, newline="") as f:
@@ -116,7 +141,8 @@ def drawn_input_lens(row: dict) -> list[int]:
     """The input lengths bench_serving drew for a case (``random``: seeded; else the published mean)."""
     n = int(row["num_prompts"])
     if row["dataset"] != "random":
-        return [int(round(float(row["total_input_tokens"]) / n))] * n
+        return [int(round(float(row["total_input_tokens"]) / n))] * n if row["total_input_tokens"] else \
+            [int(round(drawn_mean(int(row["input_len"]), client_flag(row, "--random-range-ratio", 0.0))))] * n
     ratio = client_flag(row, "--random-range-ratio", 0.0)
     return random_lens(int(row["input_len"]), ratio, n, np.random.RandomState(SEED))
 
@@ -157,9 +183,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
                 # no_buffer was the hybrids' default mamba radix-cache strategy then (SGLang cookbook,
                 # Qwen3-Next 3.2: "V1 (no_buffer): Default"); it also turns the overlap scheduler off
                 flags.update(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
-            m = re.search(r"--max-running-requests (\d+)", row["notes"])
-            if m:
-                flags["max_running_requests"] = int(m.group(1))
+            flags.update(server_flags(row["notes"]))
             args = ServerArgs(**flags)
             plan = plan_memory(model, gpu, args)
             cost = ModelCost.from_model(model, gpu, plan, args)
@@ -178,7 +202,8 @@ def predict(case: Case, k: Coefficients) -> dict[str, float]:
     r = case.row
     n, c = int(r["num_prompts"]), int(r["max_concurrency"])
     i_len = float(np.mean(case.input_lens))
-    o_len = max(2.0, float(r["total_output_tokens"]) / n)
+    o_len = max(2.0, float(r["total_output_tokens"]) / n if r["total_output_tokens"]
+                else drawn_mean(int(r["output_len"]), client_flag(r, "--random-range-ratio", 0.0)))
     b = max(1, min(c, n, case.max_running))
     clock = AnalyticStepTime(case.cost, k)
     pre = [prefill_time(clock, case.chunk, h, total) for h, total in zip(case.cached, case.input_lens)]
@@ -209,9 +234,20 @@ def prefill_time(clock: AnalyticStepTime, chunk: int, cached: int, total: int) -
 
 
 def client_flag(row: dict, flag: str, default: float) -> float:
-    """A bench_serving flag the case's notes quote (else bench_serving's default)."""
-    m = re.search(re.escape(flag) + r" ([0-9.]+)", row["notes"])
-    return float(m.group(1)) if m else default
+    """A bench_serving flag the case's notes quote (else bench_serving's default). vLLM's client (InferenceX
+    runs) names the warm-up count --num-warmups."""
+    names = (flag, "--num-warmups") if flag == "--warmup-requests" else (flag,)
+    for name in names:
+        m = re.search(re.escape(name) + r" ([0-9.]+)", row["notes"])
+        if m:
+            return float(m.group(1))
+    return default
+
+
+def drawn_mean(length: int, ratio: float) -> float:
+    """The mean length the client draws, uniform on [max(int(L * ratio), 1), L], for a case whose source printed
+    no token totals (the steady-state estimate needs a length; the full simulation draws the requests)."""
+    return (max(int(length * ratio), 1) + length) / 2
 
 
 def bench_config(case: Case) -> "BenchConfig":
@@ -396,7 +432,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     opts = ap.parse_args()
     cases, skipped = load_cases(opts.data)
-    print(f"{len(cases)} published runs replayed from {opts.data.relative_to(ROOT)}; {len(skipped)} skipped:")
+    # --data may be relative to the working directory or lie outside the repository
+    shown = os.path.relpath(opts.data.resolve(), ROOT) if opts.data.resolve().is_relative_to(ROOT) else opts.data
+    print(f"{len(cases)} published runs replayed from {shown}; {len(skipped)} skipped:")
     for cid, why in skipped:
         print(f"  skip {cid}: {why}")
     k = Coefficients()
