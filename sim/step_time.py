@@ -89,40 +89,40 @@ PRIORS = {
 # its FIT_BOUNDS edge, so the data does not resolve it).
 # BEGIN FITTED DEFAULTS
 DEFAULTS = {
-    "hbm_efficiency_sm80": 0.4664,
+    "hbm_efficiency_sm80": 0.4662,
     "hbm_efficiency_sm89": 0.75,  # prior
-    "hbm_efficiency_sm90": 0.75,  # prior
-    "hbm_efficiency_sm100": 0.6598,
-    "hbm_efficiency_gfx942": 0.591,
-    "mfu_sm80": 0.8354,
+    "hbm_efficiency_sm90": 0.9237,
+    "hbm_efficiency_sm100": 0.4565,
+    "hbm_efficiency_gfx942": 0.5333,
+    "mfu_sm80": 0.5959,
     "mfu_sm89": 0.55,  # prior
-    "mfu_sm90": 0.55,  # prior
-    "mfu_sm100": 0.85,  # at bound
-    "mfu_gfx942": 0.115,
-    "moe_gemm_efficiency": 0.1322,
-    "graph_layer_s_sm80": 1.15e-06,
+    "mfu_sm90": 0.85,  # at bound
+    "mfu_sm100": 0.3256,
+    "mfu_gfx942": 0.1,  # at bound
+    "moe_gemm_efficiency": 0.125,
+    "graph_layer_s_sm80": 1e-06,  # at bound
     "graph_layer_s_sm89": 2e-05,  # prior
-    "graph_layer_s_sm90": 2e-05,  # prior
-    "graph_layer_s_sm100": 4.914e-05,
-    "graph_layer_s_gfx942": 8.882e-05,
-    "eager_layer_s_sm80": 5e-05,  # at bound
+    "graph_layer_s_sm90": 5e-05,  # at bound
+    "graph_layer_s_sm100": 5e-05,  # at bound
+    "graph_layer_s_gfx942": 0.0001189,
+    "eager_layer_s_sm80": 0.0003122,
     "eager_layer_s_sm89": 0.00015,  # prior
-    "eager_layer_s_sm90": 0.00015,  # prior
-    "eager_layer_s_sm100": 8.394e-05,
-    "eager_layer_s_gfx942": 0.0008696,
+    "eager_layer_s_sm90": 5e-05,  # at bound
+    "eager_layer_s_sm100": 0.0001628,
+    "eager_layer_s_gfx942": 0.001,  # at bound
     "fp8_layer_s_sm80": 1e-05,  # prior
     "fp8_layer_s_sm89": 1e-05,  # prior
-    "fp8_layer_s_sm90": 1e-05,  # prior
-    "fp8_layer_s_sm100": 2.457e-05,
-    "fp8_layer_s_gfx942": 0.0002221,
-    "step_overhead_s": 0.00315,
+    "fp8_layer_s_sm90": 3.837e-05,
+    "fp8_layer_s_sm100": 1e-06,  # at bound
+    "fp8_layer_s_gfx942": 0.0002352,
+    "step_overhead_s": 0.002491,
     "moe_token_layer_s": 1e-10,  # at bound
     "linear_prefill_token_layer_s": 1e-06,  # at bound
-    "link_efficiency": 0.4474,
+    "link_efficiency": 1,  # at bound
     "allreduce_latency_s": 8e-06,  # prior
-    "request_cpu_s": 0.07755,
+    "request_cpu_s": 0.063,
 }
-MEASURED_ERROR = 'held-out median |error| 6% throughput, 21% TTFT (median TTFT 18%), 7% TPOT (full simulation, 19 published SGLang runs; bench/time_accuracy.py)'
+MEASURED_ERROR = 'held-out median |error| 13% throughput, 32% TTFT (median TTFT 24%), 15% TPOT (steady-state estimate, 39 published SGLang runs; bench/time_accuracy.py)'
 # END FITTED DEFAULTS
 
 # Plausible range of every fittable coefficient: the GPU calibration fit and bench/time_accuracy.py --fit
