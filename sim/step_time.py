@@ -122,7 +122,8 @@ DEFAULTS = {
     "allreduce_latency_s": 8e-06,  # prior
     "request_cpu_s": 0.063,
 }
-MEASURED_ERROR = 'held-out median |error| 13% throughput, 32% TTFT (median TTFT 24%), 15% TPOT (steady-state estimate, 39 published SGLang runs; bench/time_accuracy.py)'
+MEASURED_ERROR = ('held-out median |error| 13% throughput, 30% TTFT (median TTFT 23%), 15% TPOT (full simulation '
+                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 
 # Plausible range of every fittable coefficient: the GPU calibration fit and bench/time_accuracy.py --fit
