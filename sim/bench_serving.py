@@ -41,6 +41,7 @@ class BenchConfig:
     sharegpt_context_len: int | None = None
     burstiness: float = 1.0
     range_style: str = "sglang"
+    sharegpt_standin: bool = False  # random without a ShareGPT file: stand-in texts (traces/bench_serving.py)
 
     def requests(self, rid_base: int, vocab_size: int | None):
         return bench_requests(self.dataset_name, self.num_prompts, input_len=self.random_input_len,
@@ -48,7 +49,8 @@ class BenchConfig:
                               seed=self.seed, request_rate=self.request_rate, burstiness=self.burstiness,
                               sharegpt_path=self.dataset_path, sharegpt_output_len=self.sharegpt_output_len,
                               sharegpt_context_len=self.sharegpt_context_len, vocab_size=vocab_size,
-                              range_style=self.range_style, rid_base=rid_base)
+                              range_style=self.range_style, rid_base=rid_base,
+                              sharegpt_standin=self.sharegpt_standin)
 
 
 def bench_trace(configs: list[BenchConfig], vocab_size: int | None = None):

@@ -89,41 +89,41 @@ PRIORS = {
 # its FIT_BOUNDS edge, so the data does not resolve it).
 # BEGIN FITTED DEFAULTS
 DEFAULTS = {
-    "hbm_efficiency_sm80": 0.4393,
+    "hbm_efficiency_sm80": 0.4852,
     "hbm_efficiency_sm89": 0.75,  # prior
     "hbm_efficiency_sm90": 0.75,  # prior
-    "hbm_efficiency_sm100": 0.6211,
-    "hbm_efficiency_gfx942": 0.4312,
-    "mfu_sm80": 0.85,  # at bound
+    "hbm_efficiency_sm100": 0.4053,
+    "hbm_efficiency_gfx942": 0.549,
+    "mfu_sm80": 0.5898,
     "mfu_sm89": 0.55,  # prior
     "mfu_sm90": 0.55,  # prior
-    "mfu_sm100": 0.7283,
-    "mfu_gfx942": 0.1284,
+    "mfu_sm100": 0.3939,
+    "mfu_gfx942": 0.1184,
     "moe_gemm_efficiency": 0.125,
     "graph_layer_s_sm80": 1e-06,  # at bound
     "graph_layer_s_sm89": 2e-05,  # prior
     "graph_layer_s_sm90": 2e-05,  # prior
-    "graph_layer_s_sm100": 5e-05,  # at bound
-    "graph_layer_s_gfx942": 0.0001589,
-    "eager_layer_s_sm80": 5e-05,  # at bound
+    "graph_layer_s_sm100": 3.04e-05,
+    "graph_layer_s_gfx942": 7.433e-05,
+    "eager_layer_s_sm80": 0.0001428,
     "eager_layer_s_sm89": 0.00015,  # prior
     "eager_layer_s_sm90": 0.00015,  # prior
-    "eager_layer_s_sm100": 5e-05,  # at bound
-    "eager_layer_s_gfx942": 5e-05,  # at bound
+    "eager_layer_s_sm100": 7.976e-05,
+    "eager_layer_s_gfx942": 0.001,  # at bound
     "fp8_layer_s_sm80": 1e-05,  # prior
     "fp8_layer_s_sm89": 1e-05,  # prior
     "fp8_layer_s_sm90": 1e-05,  # prior
-    "fp8_layer_s_sm100": 2.563e-05,
-    "fp8_layer_s_gfx942": 0.0001151,
-    "step_overhead_s": 0.002661,
+    "fp8_layer_s_sm100": 4.961e-06,
+    "fp8_layer_s_gfx942": 0.0002597,
+    "step_overhead_s": 0.003984,
     "moe_token_layer_s": 1e-10,  # at bound
     "linear_prefill_token_layer_s": 1e-06,  # at bound
     "link_efficiency": 1,  # at bound
     "allreduce_latency_s": 8e-06,  # prior
-    "request_cpu_s": 0.09388,
+    "request_cpu_s": 0.08003,
 }
-MEASURED_ERROR = ('held-out median |error| 7% throughput, 24% TTFT, 8% TPOT (full simulation of 19 held-out '
-                  'published SGLang runs, 2026-12-01; bench/README.md)')
+MEASURED_ERROR = ('held-out median |error| 16% throughput, 23% TTFT (median TTFT 23%), 18% TPOT (full simulation '
+                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 
 # Plausible range of every fittable coefficient: the GPU calibration fit and bench/time_accuracy.py --fit

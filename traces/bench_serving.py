@@ -19,6 +19,14 @@ Token lengths without a tokenizer: a ShareGPT text counts ``traces.sharegpt.esti
 - ``random``: the prompt is the ShareGPT prompt's tokens repeated and truncated to the drawn length, as
   bench_serving does; a prompt text is one segment (``traces.sharegpt.message_segment``), so two requests share a
   prefix exactly when they were cut from the same ShareGPT text, as on the real server;
+- ``random`` without a ShareGPT file (``sharegpt_standin=True``): prompt ``i`` is a stand-in text of its own, one
+  segment whose id depends only on ``(seed, i)`` (``standin_segment``), cut to the drawn length. This keeps what
+  the prefix cache sees of bench_serving's ``random`` prompts: the client shuffles the same ShareGPT file with the
+  same seed in every run, and every run draws its input lengths first, so prompt ``i`` of one run and prompt ``i``
+  of a later run on the same server are the same text repeated and cut, and share ``min`` of their lengths as a
+  prefix (and ``k`` of ``n`` drawn lengths equal the first ``k`` of ``n' > k``: runs of 10, 80 and 320 prompts
+  repeat each other's first prompts exactly). Lost: ShareGPT's duplicate first turns (two prompts of one run
+  that are the same text) and the decode/re-encode of the cut text, which can change a token at the cut;
 - ``random-ids``: token ``j`` of request ``i`` is ``(offsets[i] + i + j) % vocab_size``, bench_serving's ids;
   prompts share a prefix only by chance (two equal start ids);
 - ``sharegpt``: the first turn's text is one segment; the output is the second turn's length.
@@ -115,6 +123,12 @@ def _text_tokens(text: str) -> int:
     return estimate_tokens(text) if text else 0
 
 
+def standin_segment(seed: int, index: int) -> int:
+    """The segment of the ``index``-th shuffled ShareGPT text under ``seed`` when no ShareGPT file is at hand: the
+    same for every run with that seed (bench_serving shuffles the same file with the same seed every run)."""
+    return message_segment("bench_serving random stand-in", f"{seed}:{index}")
+
+
 def _repeat_to(seg: int, prompt_len: int, want: int) -> tuple[tuple[int, int], ...]:
     """The prompt's tokens cut to ``want``, or repeated until ``want`` then cut (sample_random_requests)."""
     if prompt_len >= want:
@@ -144,11 +158,13 @@ def bench_requests(dataset: str, num_prompts: int, *, input_len: int = 1024, out
                    range_ratio: float = 0.0, seed: int = 1, request_rate: float = math.inf,
                    burstiness: float = 1.0, sharegpt_path: str | Path | None = None,
                    sharegpt_output_len: int | None = None, sharegpt_context_len: int | None = None,
-                   vocab_size: int | None = None, range_style: str = "sglang", rid_base: int = 0) -> list[Request]:
+                   vocab_size: int | None = None, range_style: str = "sglang", rid_base: int = 0,
+                   sharegpt_standin: bool = False) -> list[Request]:
     """The requests one bench_serving run sends, with their send times (from the run's start) and ids.
 
     Every request asks ``max_new_tokens = output_len`` with ``ignore_eos`` (bench_serving's default). ``rid_base``
-    numbers them from there (back-to-back runs in one simulation need distinct rids).
+    numbers them from there (back-to-back runs in one simulation need distinct rids). ``sharegpt_standin``:
+    ``random`` prompts from stand-in texts instead of a ShareGPT file (module docstring).
     """
     if dataset not in DATASETS:
         raise ValueError(f"--dataset-name {dataset!r}: expected one of {', '.join(DATASETS)}")
@@ -159,7 +175,10 @@ def bench_requests(dataset: str, num_prompts: int, *, input_len: int = 1024, out
     else:
         in_lens = random_lens(input_len, range_ratio, num_prompts, np_rng, range_style)
         out_lens = random_lens(output_len, range_ratio, num_prompts, np_rng, range_style)
-        if dataset == "random":
+        if dataset == "random" and sharegpt_standin and sharegpt_path is None:
+            rows = [(n, out, {"segments": ((standin_segment(seed, i), n),)})
+                    for i, (n, out) in enumerate(zip(in_lens, out_lens))]
+        elif dataset == "random":
             rows = _random_rows(in_lens, out_lens, py_rng, sharegpt_path)
         else:
             rows = _random_id_rows(in_lens, out_lens, np_rng, vocab_size)

@@ -140,7 +140,7 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert sorted(rep["each"][0]["coefficients"]) == sorted(rec["fit"]["fitted"])
     assert "two runs agree: yes" in res.output
     assert rec["pool_check"]["mismatches"] == 0
-    assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 50
+    assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 40  # 47 at the shipped defaults
     assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
     assert rec["layers"]["run"] == [0, 1, 3]
     for key in ("device", "date", "commit", "model", "server_args", "coefficients", "wall_s"):
@@ -151,13 +151,15 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     fit = rec["fit"]
     assert fit["arch"] == "sm90" and fit["fitted"] == [
         "hbm_efficiency_sm90",  # decode steps are memory bound
-        "mfu_sm90",  # prefills of 30-900 tokens are compute bound
         "eager_layer_s_sm90",  # a constant on prefill steps only
         "step_overhead_s",  # a constant on every step
         "linear_prefill_token_layer_s",  # the KDA scan per prefill token
     ]
     fixed = {n: why for n, why in fit["fixed"].items() if not n.endswith(("_sm80", "_sm89", "_sm100", "_gfx942"))}
     assert {n: why.split(" ")[0] for n, why in fixed.items()} == {
+        # with the refit step overhead (4 ms, 2026-12-01) this trace batches into ~47 steps whose few prefills are
+        # compute bound at the start but memory bound at the fitted values: mfu_sm90 loses its effect there
+        "mfu_sm90": "no",
         "moe_gemm_efficiency": "collinear",  # the expert share of a prefill's flops is the same on every prefill
         # (attention pairs are a negligible part at these lengths): moves predictions only as mfu_sm90 does
         "graph_layer_s_sm90": "collinear",  # a constant on decode steps = step_overhead_s less the eager constant

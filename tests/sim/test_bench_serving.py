@@ -163,3 +163,21 @@ def test_closed_loop_under_the_overlap_schedule():
     assert res.token_times[0] == pytest.approx([0.01, 0.02, 0.03])
     assert res.token_times[1] == pytest.approx([0.04, 0.05, 0.06])
     assert res.steps["kind"].tolist() == ["extend", "decode", "decode"] * 2
+
+
+def test_back_to_back_random_runs_share_prompts_through_the_cache():
+    """Two bench_serving `random` runs with --seed 1 on one server (stand-in texts, --random-range-ratio 1:
+    every prompt exactly the asked length): run 1 sends 2 prompts of 50 tokens, run 2 sends 3 of 80. Run 2's
+    prompt 1 starts with run 1's prompt 1 (same text, cut shorter): 50 tokens from the cache; its prompt 0 was
+    just sent whole by run 2's warm-up: 79 (SGLang computes at least the last token); its prompt 2 has no
+    earlier copy: 0. In run 1, prompt 0 follows its warm-up (49), prompt 1 is new (0)."""
+    first = BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=2, random_input_len=50,
+                        random_output_len=3, random_range_ratio=1.0, max_concurrency=1, seed=1)
+    second = BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=3, random_input_len=80,
+                         random_output_len=3, random_range_ratio=1.0, max_concurrency=1, seed=1)
+    result, _ = run_bench([first, second], ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), PLAIN,
+                          step_time="fixed:10")
+    r = result.requests.set_index("rid")
+    # rids: run 1's warm-up 0, prompts 1-2; run 2's warm-up 3, prompts 4-6
+    assert r.loc[[1, 2], "cached_tokens_first"].tolist() == [49, 0]
+    assert r.loc[[4, 5, 6], "cached_tokens_first"].tolist() == [79, 50, 0]

@@ -198,3 +198,28 @@ def test_bad_arguments_name_the_flag(tmp_path):
     bad.write_text('[{"conversations": [}]')
     with pytest.raises(TraceFormatError, match="bad.json:1"):
         bench_requests("sharegpt", 3, sharegpt_path=bad)
+
+
+def test_random_input_lens_match_the_published_totals():
+    """bench_serving --seed 1 --dataset-name random printed these totals in the SGLang cookbook (Llama-3.1,
+    DeepSeek-V3.1 pages): 10/80/500 prompts of --random-input-len 1000 and 10/80/320 of 8000."""
+    def total(n, length):
+        return sum(r.input_len for r in bench_requests("random", n, input_len=length, output_len=10, seed=1,
+                                                       sharegpt_standin=True))
+    assert [total(10, 1000), total(80, 1000), total(500, 1000)] == [6101, 39668, 249831]
+    assert [total(10, 8000), total(80, 8000), total(320, 8000)] == [41941, 300020, 1273893]
+
+
+def test_random_standin_prompts_repeat_across_runs_with_the_same_seed():
+    """Prompt i is the i-th shuffled text in every run with the same seed: a 10-prompt run's prompts are the
+    first 10 of an 80-prompt run's (same lengths, same text), and an 8000-token run's prompt i is the same text
+    as a 1000-token run's prompt i, so the shorter is a prefix of the longer (one segment, cut)."""
+    short = bench_requests("random", 10, input_len=1000, output_len=10, seed=1, sharegpt_standin=True)
+    more = bench_requests("random", 80, input_len=1000, output_len=10, seed=1, sharegpt_standin=True)
+    long = bench_requests("random", 10, input_len=8000, output_len=10, seed=1, sharegpt_standin=True)
+    assert [r.segments for r in short] == [r.segments for r in more[:10]]
+    assert [r.segments[0][0] for r in long] == [r.segments[0][0] for r in short]
+    assert all(len(r.segments) == 1 and r.segments[0][1] == r.input_len for r in long)
+    assert len({r.segments[0][0] for r in more}) == 80  # distinct texts within a run
+    other = bench_requests("random", 10, input_len=1000, output_len=10, seed=2, sharegpt_standin=True)
+    assert not {r.segments[0][0] for r in other} & {r.segments[0][0] for r in short}
