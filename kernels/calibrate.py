@@ -135,17 +135,22 @@ def resolvable(cost, shapes, start) -> tuple[list[str], dict[str, str]]:
     return active, {**fixed, **unresolved}
 
 
-def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60, rounds: int = 3) -> FitResult:
+def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60, rounds: int = 3,
+        only: list[str] | None = None) -> FitResult:
     """Bounded Levenberg-Marquardt on ``log(predicted) - log(measured)`` over the log of the identifiable
     coefficients of the device's architecture (bounds: clipping in log space), forward-difference Jacobian of
     the black-box model. Identifiability is decided on the training steps at the starting point and checked again
-    at the solution; a coefficient that loses it there goes back to its start and the rest is refitted."""
+    at the solution; a coefficient that loses it there goes back to its start and the rest is refitted. ``only``
+    limits the fit to those coefficients (a repeat run refits what the first run fitted, so the two compare)."""
     start = start or step_time.Coefficients()
     measured = np.asarray(measured, dtype=float)
     idx = np.arange(len(shapes)) if train is None else np.flatnonzero(train)
     sub = [shapes[i] for i in idx]
     logm = np.log(measured[idx])
     active, fixed = resolvable(cost, sub, start)
+    if only is not None:
+        fixed.update({n: "not fitted by the first run (kept to compare the two fits)" for n in active if n not in only})
+        active = [n for n in active if n in only]
     unresolved: dict[str, str] = {}
     result, it = start, 0
     for _ in range(rounds):
@@ -528,7 +533,10 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
             meas2 = np.array([row["measured_s"] for row in again.rows])
             coeffs2, fitted2 = coeffs, {}
             if fit_info["fitted"]:
-                res2 = fit(cost, again.shapes, meas2, start=start, train=~heldout_mask(len(meas2)))
+                # the first run's fitted set: which borderline coefficient the data resolves can change with the
+                # noise, and two fits of different sets would differ for that reason alone
+                res2 = fit(cost, again.shapes, meas2, start=start, train=~heldout_mask(len(meas2)),
+                           only=fit_info["fitted"])
                 coeffs2, fitted2 = res2.coefficients, {n: getattr(res2.coefficients, n) for n in res2.fitted}
             # the second fit's predictions over the first run's steps, per kind as the first run's
             pred2 = predict(cost, coeffs2, replay.shapes)

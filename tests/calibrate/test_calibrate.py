@@ -105,6 +105,11 @@ def test_fit_recovers_known_coefficients(tmp_path):
     pred = cal.predict(cost, fit.coefficients, ref.shapes)
     report = cal.fit_report([s.kind for s in ref.shapes], pred, measured, held)
     assert report["mape_heldout"] <= 0.04 and report["n_heldout"] == held.sum() > 0
+    # a repeat run refits only what the first fitted: the rest stays at the start, with the reason
+    one = cal.fit(cost, ref.shapes, measured, train=~held, only=LLAMA_H100_FITTED[:1])
+    assert one.fitted == LLAMA_H100_FITTED[:1]
+    assert all("not fitted by the first run" in one.fixed[n] for n in LLAMA_H100_FITTED[1:])
+    assert all(getattr(one.coefficients, n) == getattr(Coefficients(), n) for n in LLAMA_H100_FITTED[1:])
 
 
 def test_identifiable_drops_nil_and_collinear_columns():
