@@ -903,6 +903,8 @@ def bench(
     dataset_name: str = typer.Option("random-ids", "--dataset-name",
                                      help="random-ids|random|sharegpt (random, sharegpt: need --dataset-path)."),
     dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="ShareGPT JSON (random, sharegpt)."),
+    standin: bool = typer.Option(False, "--standin-prompts",
+                                 help="random without a ShareGPT file: one stand-in text per prompt index."),
     num_prompts: int = typer.Option(1000, "--num-prompts", help="Number of prompts to process."),
     random_input_len: int = typer.Option(1024, "--random-input-len",
                                          help="Number of input tokens per request (random datasets)."),
@@ -948,7 +950,7 @@ def bench(
         configs = [BenchConfig(dataset_name, num_prompts, random_input_len, random_output_len, random_range_ratio,
                                rates[i % len(rates)], limits[i % len(limits)], seed, warmup_requests, flush_cache,
                                str(dataset_path) if dataset_path else None, sharegpt_output_len,
-                               sharegpt_context_len, burstiness, range_style) for i in range(n)]
+                               sharegpt_context_len, burstiness, range_style, standin) for i in range(n)]
         model, gpu, args, overhead = _server(server)
         sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
                                calibration=str(calibration) if calibration else None,

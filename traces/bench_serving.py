@@ -191,8 +191,9 @@ def bench_requests(dataset: str, num_prompts: int, *, input_len: int = 1024, out
 
 def _need_path(path, dataset: str) -> Path:
     if path is None:
+        extra = "; or --standin-prompts" if dataset == "random" else ""
         raise ValueError(f"--dataset-name {dataset} needs --dataset-path (a ShareGPT JSON file; bench_serving "
-                         "downloads ShareGPT_V3_unfiltered_cleaned_split.json, poolsim works offline)")
+                         f"downloads ShareGPT_V3_unfiltered_cleaned_split.json, poolsim works offline{extra})")
     return Path(path)
 
 

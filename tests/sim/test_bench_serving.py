@@ -146,9 +146,15 @@ def test_cli_bench_json_and_one_line_errors():
     assert res.exit_code == 0 and "Serving Benchmark Result" in res.output and "Median TTFT (ms):" in res.output
     for bad, flag in ((["--max-concurrency", "1,x"], "--max-concurrency"),
                       (["--request-rate", "1,2", "--max-concurrency", "1,2,3"], "--request-rate"),
-                      (["--dataset-name", "sharegpt"], "--dataset-path")):
+                      (["--dataset-name", "sharegpt"], "--dataset-path"),
+                      (["--dataset-name", "random"], "--standin-prompts")):
         res = runner.invoke(app, base + bad)
         assert res.exit_code == 2 and flag in res.output and res.output.count("\n") == 1, res.output
+    # random without a ShareGPT file: stand-in texts; range ratio 1 makes every prompt exactly 100 tokens
+    res = runner.invoke(app, base + ["--dataset-name", "random", "--standin-prompts", "--json"])
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.output)  # one run: one result dict, as bench_serving writes it
+    assert run["dataset_name"] == "random" and run["total_input_tokens"] == 400 and run["completed"] == 4
 
 
 def test_closed_loop_under_the_overlap_schedule():
