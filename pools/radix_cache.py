@@ -159,27 +159,78 @@ class RadixCache(BasePrefixCache):
         key = key.page_aligned(self.page_size)
         if len(key) == 0:
             return self._empty_match()
-        tokens, extra = key.token_ids, key.extra_key
+        path, _, _ = self._walk(key.token_ids, key.extra_key)
+        return self._finish_path(key, path, **kwargs)
+
+    def _walk(self, tokens: np.ndarray, extra) -> tuple[list, list, int]:
+        """Follow ``tokens`` down from the root, splitting the node where the match ends inside it.
+        Returns the matched nodes (each matched whole once split), their child keys, and the number of
+        tokens they cover."""
         node, pos = self.root_node, 0
-        values: list[np.ndarray] = []
-        best, best_values, full_hit = node, 0, 0
+        path, child_keys = [], []
         while pos < len(tokens):
-            child = node.children.get(self._child_key(tokens[pos:], extra))
+            ck = self._child_key(tokens[pos:], extra)
+            child = node.children.get(ck)
             if child is None:
                 break
             plen = self._match_len(child.key, tokens[pos:])
-            full_hit += plen
             split = plen < len(child.key)
             if split:
                 child = self._split_node(child, plen)
-            values.append(child.value)
+            path.append(child)
+            child_keys.append(ck)
             node = child
-            if self._match_valid(node):
-                best, best_values = node, len(values)
             pos += plen
             if split:
                 break
+        return path, child_keys, pos
+
+    def _finish_path(self, key, path: list, **kwargs) -> MatchResult:
+        """The match result of a walked path: it ends on the deepest node ``_match_valid`` accepts."""
+        self._begin_match()
+        values: list[np.ndarray] = []
+        best, best_values, full_hit = self.root_node, 0, 0
+        for node in path:
+            values.append(node.value)
+            full_hit += len(node.key)
+            if self._match_valid(node):
+                best, best_values = node, len(values)
         return self._finish_match(key, values, best, best_values, full_hit, **kwargs)
+
+    def touch_prefix(self, make_key, hint=None):
+        """``match_prefix(make_key())`` for its effect on the tree alone (splits, recency stamps), as the
+        waiting-queue refresh uses it; returns a hint for the next call with the same key.
+
+        The hint holds the walked path, each node's child key and the key of the lookup that ended the
+        walk. While every path node is still its parent's child under the same key (a split or a deletion
+        replaces or removes that entry; node keys change only in a split) and that last lookup still
+        misses, a fresh walk would compare the same tokens against the same nodes and find the same
+        path, so only its ``_finish_path`` (validity checks and stamps) is replayed, without building the
+        key or comparing a token."""
+        if hint is not None:
+            path, child_keys, end_key = hint
+            node = self.root_node
+            for ck, child in zip(child_keys, path):
+                if node.children.get(ck) is not child:
+                    break
+                node = child
+            else:
+                if end_key is None or end_key not in node.children:
+                    self._finish_path(None, path)
+                    return hint
+        key = make_key().page_aligned(self.page_size)
+        if len(key) == 0:
+            return None  # match_prefix touches nothing for an empty key
+        tokens, extra = key.token_ids, key.extra_key
+        path, child_keys, pos = self._walk(tokens, extra)
+        self._finish_path(key, path)
+        # A walk that stopped at a split would miss on its next lookup (the split is on the first
+        # unequal page), so the lookup below the path is the one to watch either way.
+        end_key = self._child_key(tokens[pos:], extra) if pos < len(tokens) else None
+        return path, child_keys, end_key
+
+    def _begin_match(self) -> None:
+        """Hook: reset ``_match_valid``'s state before a path is checked (the SWA tree counts a window)."""
 
     def _match_valid(self, node: TreeNode) -> bool:
         return True

@@ -170,9 +170,8 @@ class SWARadixCache(RadixCache):
         return n
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: RadixKey, **kwargs):
+    def _begin_match(self) -> None:
         self._swa_run = math.inf  # the validator's state: SWA-backed tokens since the last tombstone
-        return super().match_prefix(key, **kwargs)
 
     def _match_valid(self, node: SWATreeNode) -> bool:
         if node.swa_value is None:
