@@ -66,10 +66,13 @@ class MambaRadixCache(RadixCache):
     def _match_valid(self, node: TreeNode) -> bool:
         return node.mamba_value is not None
 
-    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False) -> MatchResult:
-        result = super()._finish_match(key, values, best, best_values, full_hit)
+    def _touch_match(self, best: TreeNode) -> None:
+        super()._touch_match(best)
         if best.mamba_value is not None:
             self.mamba_lru.move_to_end(best.id)
+
+    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False) -> MatchResult:
+        result = super()._finish_match(key, values, best, best_values, full_hit)
         grid = self.mamba_checkpoint_grid
         aligned = full_hit // grid * grid
         result = result._replace(mamba_branching_seqlen=aligned if aligned > result.prefix_len else None)

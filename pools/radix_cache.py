@@ -187,15 +187,19 @@ class RadixCache(BasePrefixCache):
 
     def _finish_path(self, key, path: list, **kwargs) -> MatchResult:
         """The match result of a walked path: it ends on the deepest node ``_match_valid`` accepts."""
+        best_values = self._best_on_path(path)
+        best = path[best_values - 1] if best_values else self.root_node
+        full_hit = sum(len(node.key) for node in path)
+        return self._finish_match(key, [node.value for node in path], best, best_values, full_hit, **kwargs)
+
+    def _best_on_path(self, path: list) -> int:
+        """How many nodes of ``path`` the match keeps: up to the deepest one ``_match_valid`` accepts."""
         self._begin_match()
-        values: list[np.ndarray] = []
-        best, best_values, full_hit = self.root_node, 0, 0
-        for node in path:
-            values.append(node.value)
-            full_hit += len(node.key)
+        best = 0
+        for i, node in enumerate(path, 1):
             if self._match_valid(node):
-                best, best_values = node, len(values)
-        return self._finish_match(key, values, best, best_values, full_hit, **kwargs)
+                best = i
+        return best
 
     def touch_prefix(self, make_key, hint=None):
         """``match_prefix(make_key())`` for its effect on the tree alone (splits, recency stamps), as the
@@ -216,18 +220,23 @@ class RadixCache(BasePrefixCache):
                 node = child
             else:
                 if end_key is None or end_key not in node.children:
-                    self._finish_path(None, path)
+                    self._touch_path(path)
                     return hint
         key = make_key().page_aligned(self.page_size)
         if len(key) == 0:
             return None  # match_prefix touches nothing for an empty key
         tokens, extra = key.token_ids, key.extra_key
         path, child_keys, pos = self._walk(tokens, extra)
-        self._finish_path(key, path)
+        self._touch_path(path)
         # A walk that stopped at a split would miss on its next lookup (the split is on the first
         # unequal page), so the lookup below the path is the one to watch either way.
         end_key = self._child_key(tokens[pos:], extra) if pos < len(tokens) else None
         return path, child_keys, end_key
+
+    def _touch_path(self, path: list) -> None:
+        """``_finish_path``'s effect on the tree without building the result nobody reads."""
+        best = self._best_on_path(path)
+        self._touch_match(path[best - 1] if best else self.root_node)
 
     def _begin_match(self) -> None:
         """Hook: reset ``_match_valid``'s state before a path is checked (the SWA tree counts a window)."""
@@ -235,13 +244,17 @@ class RadixCache(BasePrefixCache):
     def _match_valid(self, node: TreeNode) -> bool:
         return True
 
-    def _finish_match(self, key, values, best, best_values, full_hit, **kwargs) -> MatchResult:
+    def _touch_match(self, best: TreeNode) -> None:
+        """What a match changes besides splits: recency along the path to the node it ends on."""
         t = self._tick()
         node = best
         while node is not None:
             self._touch(node, t)
             t -= 1e-5
             node = node.parent
+
+    def _finish_match(self, key, values, best, best_values, full_hit, **kwargs) -> MatchResult:
+        self._touch_match(best)
         matched = tuple(values[:best_values])
         return MatchResult(matched, sum(map(len, matched)), best, full_hit)
 

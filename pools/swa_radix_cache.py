@@ -180,9 +180,12 @@ class SWARadixCache(RadixCache):
         self._swa_run += len(node.key)
         return self._swa_run >= self.sliding_window_size
 
+    def _touch_match(self, best: SWATreeNode) -> None:
+        super()._touch_match(best)
+        self.swa_lru.reset_window_mru(best, self.root_node, self.sliding_window_size + self.page_size)
+
     def _finish_match(self, key, values, best, best_values, full_hit, **kwargs):
         result = super()._finish_match(key, values, best, best_values, full_hit)
-        self.swa_lru.reset_window_mru(best, self.root_node, self.sliding_window_size + self.page_size)
         aligned = full_hit // self.page_size * self.page_size
         return result._replace(swa_branching_seqlen=aligned if aligned > result.prefix_len else None)
 
