@@ -294,7 +294,11 @@ class RadixCache(BasePrefixCache):
         previous checkpoint locked). The walk down to it matches every node whole and frees nothing, so
         only its recency stamps are replayed and the token compare resumes below it."""
         key = key.page_aligned(self.page_size)
-        value = np.asarray(value, dtype=np.int64)[: len(key)]
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value, dtype=np.int64)
+        # A numpy view of any int dtype (a request's int32 row) is not converted as a whole: the slots
+        # freed are converted by the allocator and a new node's are copied to int64 below.
+        value = value[: len(key)]
         self._touch(self.root_node, self._tick())
         if len(key) == 0:
             return InsertResult(0, self.root_node, mamba_exist=True)
@@ -320,7 +324,7 @@ class RadixCache(BasePrefixCache):
             node = child
             pos += plen
         if pos < len(tokens):
-            target = self._add_new_node(node, tokens[pos:].copy(), value[pos:].copy(), extra)
+            target = self._add_new_node(node, tokens[pos:].copy(), np.array(value[pos:], dtype=np.int64), extra)
             is_new_leaf = True
         else:
             target, is_new_leaf = node, False
@@ -467,7 +471,7 @@ class RadixCache(BasePrefixCache):
             return
         key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
         aligned = len(key)
-        values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table: a fresh int64 copy
+        values = row[:aligned]  # a view of the int32 row: insert converts only the slots it keeps or frees
         result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value,
                              from_node=req.last_node if req.lock is req.last_node else None)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
