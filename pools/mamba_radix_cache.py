@@ -108,7 +108,7 @@ class MambaRadixCache(RadixCache):
         self._touch(node, self._tick())
         return True
 
-    def _split_prompt(self, req, key, values) -> None:
+    def _split_prompt(self, req, key, last_node) -> None:
         pass  # only a FULL-only tree re-inserts the prompt
 
     # ------------------------------------------------------------------ locks

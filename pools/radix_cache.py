@@ -475,7 +475,7 @@ class RadixCache(BasePrefixCache):
         result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value,
                              from_node=req.last_node if req.lock is req.last_node else None)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
-        self._split_prompt(req, key, values)
+        self._split_prompt(req, key, result.last_node)
         new_len, new_tail = self._path_tail(result.last_node, kv.cache_protected_len)
         self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, new_len)), new_tail)
         self.unlock(req.lock)
@@ -484,13 +484,31 @@ class RadixCache(BasePrefixCache):
         req.last_node = result.last_node
         self._cleanup_after_caching(req, is_finished, result, mamba_value, keep_idx)
 
-    def _split_prompt(self, req, key: RadixKey, values: np.ndarray) -> None:
+    def _split_prompt(self, req, key: RadixKey, last_node: TreeNode) -> None:
         """Re-insert the page-aligned prompt so the leaf splits at the prompt/output boundary and
-        eviction can drop the output KV first (FULL-only trees)."""
+        eviction can drop the output KV first (FULL-only trees). ``last_node`` ends the path that
+        spells ``key``, just inserted."""
         prompt_len = req.origin_input_len // self.page_size * self.page_size
         if 0 < prompt_len < len(key):
-            self.insert(RadixKey(key.token_ids[:prompt_len], key.extra_key), values[:prompt_len],
-                        prev_prefix_len=prompt_len)
+            self._reinsert_prefix(last_node, prompt_len)
+
+    def _reinsert_prefix(self, node: TreeNode, length: int) -> None:
+        """``insert`` of the first ``length`` (page-aligned) tokens of ``node``'s root path with
+        ``prev_prefix_len=length``. That walk follows this very path (the key is a prefix of it, so
+        every compare matches a whole node or runs out of key) and frees nothing: the same stamps and
+        split, without looking up or comparing a token."""
+        self._touch(self.root_node, self._tick())
+        pos, last = 0, self.root_node
+        for child in self._path_to(node):
+            if pos >= length:
+                break
+            self._touch(child, self._tick())
+            plen = min(len(child.key), length - pos)
+            if plen < len(child.key):
+                child = self._split_node(child, plen)
+            last = child
+            pos += plen
+        self._commit_insert(last, False, None)
 
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool) -> tuple[int, int | None, int | None]:
         """Hook: (length to insert, state slot offered to the tree, ping-pong position it came from)."""

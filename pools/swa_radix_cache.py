@@ -292,7 +292,7 @@ class SWARadixCache(RadixCache):
             self._publish(parent)
         self._publish(leaf)
 
-    def _split_prompt(self, req, key, values) -> None:
+    def _split_prompt(self, req, key, last_node) -> None:
         pass  # only a FULL-only tree re-inserts the prompt
 
     # ------------------------------------------------------------------ request lifecycle
