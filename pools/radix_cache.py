@@ -104,7 +104,7 @@ class RadixCache(BasePrefixCache):
         self.num_evicted_tokens = 0  # running total, for metrics
         self.num_mamba_evicted_tokens = 0
         self.evictable_leaves: set[TreeNode] = set()
-        self._leaf_heap: list = []  # (last_access_time, id, node); stale entries are skipped
+        self._leaf_heap: list = []  # (last_access_time, id, node), possibly older than the node; see _pop_lru_leaf
 
     def _tick(self) -> float:
         t = self._clock
@@ -119,9 +119,11 @@ class RadixCache(BasePrefixCache):
         return node
 
     def _touch(self, node: TreeNode, t: float) -> None:
-        node.last_access_time = t
-        if node in self.evictable_leaves:
+        # The leaf heap only needs an entry no later than each leaf's time (``_pop_lru_leaf`` requeues an
+        # outdated one), so a newer stamp, the usual case, pushes nothing.
+        if t < node.last_access_time and node in self.evictable_leaves:
             heapq.heappush(self._leaf_heap, (t, node.id, node))
+        node.last_access_time = t
 
     def evictable_size(self) -> int:
         return self.evictable_size_
@@ -416,11 +418,16 @@ class RadixCache(BasePrefixCache):
             self.evictable_leaves.discard(node)
 
     def _pop_lru_leaf(self) -> TreeNode | None:
+        """The evictable leaf with the least (time, id). Every evictable leaf has a heap entry no later than
+        its own (time, id), so an entry that pops with its node's current time is the least of all; one
+        whose node was touched since goes back at the node's time."""
         heap = self._leaf_heap
         while heap:
-            t, _, node = heapq.heappop(heap)
-            if node in self.evictable_leaves and node.last_access_time == t:
-                return node
+            t, node_id, node = heapq.heappop(heap)
+            if node in self.evictable_leaves:
+                if node.last_access_time == t:
+                    return node
+                heapq.heappush(heap, (node.last_access_time, node_id, node))
         return None
 
     def evict(self, num_tokens: int) -> int:
