@@ -26,6 +26,7 @@ from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import PoolError
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_BYTES_COMPARE_MAX = 8192  # tokens; see _match_len
 
 
 class RadixKey:
@@ -148,7 +149,9 @@ class RadixCache(BasePrefixCache):
     def _match_len(self, node_key: np.ndarray, tokens: np.ndarray) -> int:
         n = min(len(node_key), len(tokens))
         a, b = node_key[:n], tokens[:n]
-        if a.tobytes() == b.tobytes():  # the common case, one memcmp instead of a vectorised compare
+        # The common case is a whole match: one memcmp of two byte copies beats a vectorised compare on
+        # short keys, but copies past ~128 KiB are fresh mmaps that page-fault, so long keys compare in place.
+        if a.tobytes() == b.tobytes() if n <= _BYTES_COMPARE_MAX else (a == b).all():
             return n // self.page_size * self.page_size
         diff = np.flatnonzero(a != b)
         m = int(diff[0]) if diff.size else n

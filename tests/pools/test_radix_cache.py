@@ -391,3 +391,15 @@ def test_prompt_reinsert_along_the_path_equals_the_insert(page_size):
     # by id: root, [0, 8), then [8, 24) keeps its id as the tail [12, 24); its new parent [8, 12) is the newest
     assert [len(k) for *_, k, _v in nodes] == [0, 8, 12, 4]
     assert run(True) == run(False)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_long_keys_match_up_to_the_first_unequal_page(page_size):
+    """Keys past 8192 tokens compare in place rather than as bytes: same lengths."""
+    tree, pool, alloc = make_tree(20000, page_size)
+    toks = np.arange(1, 10001, dtype=np.int64)
+    tree.insert(RadixKey(toks), np.asarray(alloc.alloc(10000)))
+    assert tree.match_prefix(RadixKey(toks)).prefix_len == 10000
+    other = toks.copy()
+    other[9001] = 0  # token 9001 differs: page 1 keeps 9001 tokens, page 4 the 2250 whole pages before it
+    assert tree.match_prefix(RadixKey(other)).prefix_len == (9001 if page_size == 1 else 9000)
