@@ -287,6 +287,8 @@ class RadixCache(BasePrefixCache):
                 break
             covered -= len(chunk)
             tail.append(chunk[max(start - covered, 0):])
+        if len(tail) == 1:
+            return total, tail[0]  # a node's own slots: the caller copies them into its row
         return total, np.concatenate(tail[::-1]) if tail else _EMPTY
 
     # ------------------------------------------------------------------ insert
