@@ -43,6 +43,14 @@ class FreeList:
         """Remove and return the first ``n`` ids (caller checked ``n <= len``)."""
         if n <= 0:
             return self.xp.empty()
+        head = self._segs[0]
+        if len(head) > n:  # the usual case: the head segment alone covers it
+            self._segs[0] = head[n:]
+            self._len -= n
+            out = head[:n]
+            if self.checks:
+                self._mark(out, free=False)
+            return out
         parts, need = [], n
         while need:
             seg = self._segs[0]

@@ -66,10 +66,13 @@ class MambaRadixCache(RadixCache):
     def _match_valid(self, node: TreeNode) -> bool:
         return node.mamba_value is not None
 
-    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False) -> MatchResult:
-        result = super()._finish_match(key, values, best, best_values, full_hit)
+    def _touch_match(self, best: TreeNode) -> None:
+        super()._touch_match(best)
         if best.mamba_value is not None:
             self.mamba_lru.move_to_end(best.id)
+
+    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False) -> MatchResult:
+        result = super()._finish_match(key, values, best, best_values, full_hit)
         grid = self.mamba_checkpoint_grid
         aligned = full_hit // grid * grid
         result = result._replace(mamba_branching_seqlen=aligned if aligned > result.prefix_len else None)
@@ -105,7 +108,7 @@ class MambaRadixCache(RadixCache):
         self._touch(node, self._tick())
         return True
 
-    def _split_prompt(self, req, key, values) -> None:
+    def _split_prompt(self, req, key, last_node) -> None:
         pass  # only a FULL-only tree re-inserts the prompt
 
     # ------------------------------------------------------------------ locks
@@ -141,21 +144,20 @@ class MambaRadixCache(RadixCache):
         freed = skipped = 0
         while freed < num:
             # Freeing a node removes only that node from the LRU, so the locked nodes skipped so far stay
-            # at its head: read the next few candidates after them instead of copying the whole list.
-            batch = list(islice(self.mamba_lru.values(), skipped, skipped + num - freed + 8))
-            if not batch:
-                break
-            for node in batch:
-                if freed >= num:
+            # at its head: resume after them (a C-level skip) rather than copying or rescanning the list.
+            victim = None
+            for node in islice(self.mamba_lru.values(), skipped, None):
+                if node.mamba_lock_ref == 0:
+                    victim = node
                     break
-                if node.mamba_lock_ref > 0:
-                    skipped += 1
-                    continue
-                if node in self.evictable_leaves:
-                    self.num_mamba_evicted_tokens += self._delete_leaf(node)
-                else:
-                    self._release_mamba(node)
-                freed += 1
+                skipped += 1
+            if victim is None:
+                break
+            if victim in self.evictable_leaves:
+                self.num_mamba_evicted_tokens += self._delete_leaf(victim)
+            else:
+                self._release_mamba(victim)
+            freed += 1
         return freed
 
     def _alloc_mamba_slot(self) -> int:

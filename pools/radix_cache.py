@@ -26,6 +26,7 @@ from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import PoolError
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_BYTES_COMPARE_MAX = 8192  # tokens; see _match_len
 
 
 class RadixKey:
@@ -104,7 +105,7 @@ class RadixCache(BasePrefixCache):
         self.num_evicted_tokens = 0  # running total, for metrics
         self.num_mamba_evicted_tokens = 0
         self.evictable_leaves: set[TreeNode] = set()
-        self._leaf_heap: list = []  # (last_access_time, id, node); stale entries are skipped
+        self._leaf_heap: list = []  # (last_access_time, id, node), possibly older than the node; see _pop_lru_leaf
 
     def _tick(self) -> float:
         t = self._clock
@@ -119,9 +120,11 @@ class RadixCache(BasePrefixCache):
         return node
 
     def _touch(self, node: TreeNode, t: float) -> None:
-        node.last_access_time = t
-        if node in self.evictable_leaves:
+        # The leaf heap only needs an entry no later than each leaf's time (``_pop_lru_leaf`` requeues an
+        # outdated one), so a newer stamp, the usual case, pushes nothing.
+        if t < node.last_access_time and node in self.evictable_leaves:
             heapq.heappush(self._leaf_heap, (t, node.id, node))
+        node.last_access_time = t
 
     def evictable_size(self) -> int:
         return self.evictable_size_
@@ -146,7 +149,9 @@ class RadixCache(BasePrefixCache):
     def _match_len(self, node_key: np.ndarray, tokens: np.ndarray) -> int:
         n = min(len(node_key), len(tokens))
         a, b = node_key[:n], tokens[:n]
-        if a.tobytes() == b.tobytes():  # the common case, one memcmp instead of a vectorised compare
+        # The common case is a whole match: one memcmp of two byte copies beats a vectorised compare on
+        # short keys, but copies past ~128 KiB are fresh mmaps that page-fault, so long keys compare in place.
+        if a.tobytes() == b.tobytes() if n <= _BYTES_COMPARE_MAX else (a == b).all():
             return n // self.page_size * self.page_size
         diff = np.flatnonzero(a != b)
         m = int(diff[0]) if diff.size else n
@@ -159,38 +164,102 @@ class RadixCache(BasePrefixCache):
         key = key.page_aligned(self.page_size)
         if len(key) == 0:
             return self._empty_match()
-        tokens, extra = key.token_ids, key.extra_key
+        path, _, _ = self._walk(key.token_ids, key.extra_key)
+        return self._finish_path(key, path, **kwargs)
+
+    def _walk(self, tokens: np.ndarray, extra) -> tuple[list, list, int]:
+        """Follow ``tokens`` down from the root, splitting the node where the match ends inside it.
+        Returns the matched nodes (each matched whole once split), their child keys, and the number of
+        tokens they cover."""
         node, pos = self.root_node, 0
-        values: list[np.ndarray] = []
-        best, best_values, full_hit = node, 0, 0
+        path, child_keys = [], []
         while pos < len(tokens):
-            child = node.children.get(self._child_key(tokens[pos:], extra))
+            ck = self._child_key(tokens[pos:], extra)
+            child = node.children.get(ck)
             if child is None:
                 break
             plen = self._match_len(child.key, tokens[pos:])
-            full_hit += plen
             split = plen < len(child.key)
             if split:
                 child = self._split_node(child, plen)
-            values.append(child.value)
+            path.append(child)
+            child_keys.append(ck)
             node = child
-            if self._match_valid(node):
-                best, best_values = node, len(values)
             pos += plen
             if split:
                 break
-        return self._finish_match(key, values, best, best_values, full_hit, **kwargs)
+        return path, child_keys, pos
+
+    def _finish_path(self, key, path: list, **kwargs) -> MatchResult:
+        """The match result of a walked path: it ends on the deepest node ``_match_valid`` accepts."""
+        best_values = self._best_on_path(path)
+        best = path[best_values - 1] if best_values else self.root_node
+        full_hit = sum(len(node.key) for node in path)
+        return self._finish_match(key, [node.value for node in path], best, best_values, full_hit, **kwargs)
+
+    def _best_on_path(self, path: list) -> int:
+        """How many nodes of ``path`` the match keeps: up to the deepest one ``_match_valid`` accepts."""
+        self._begin_match()
+        best = 0
+        for i, node in enumerate(path, 1):
+            if self._match_valid(node):
+                best = i
+        return best
+
+    def touch_prefix(self, make_key, hint=None):
+        """``match_prefix(make_key())`` for its effect on the tree alone (splits, recency stamps), as the
+        waiting-queue refresh uses it; returns a hint for the next call with the same key.
+
+        The hint holds the walked path, each node's child key and the key of the lookup that ended the
+        walk. While every path node is still its parent's child under the same key (a split or a deletion
+        replaces or removes that entry; node keys change only in a split) and that last lookup still
+        misses, a fresh walk would compare the same tokens against the same nodes and find the same
+        path, so only its ``_finish_path`` (validity checks and stamps) is replayed, without building the
+        key or comparing a token."""
+        if hint is not None:
+            path, child_keys, end_key = hint
+            node = self.root_node
+            for ck, child in zip(child_keys, path):
+                if node.children.get(ck) is not child:
+                    break
+                node = child
+            else:
+                if end_key is None or end_key not in node.children:
+                    self._touch_path(path)
+                    return hint
+        key = make_key().page_aligned(self.page_size)
+        if len(key) == 0:
+            return None  # match_prefix touches nothing for an empty key
+        tokens, extra = key.token_ids, key.extra_key
+        path, child_keys, pos = self._walk(tokens, extra)
+        self._touch_path(path)
+        # A walk that stopped at a split would miss on its next lookup (the split is on the first
+        # unequal page), so the lookup below the path is the one to watch either way.
+        end_key = self._child_key(tokens[pos:], extra) if pos < len(tokens) else None
+        return path, child_keys, end_key
+
+    def _touch_path(self, path: list) -> None:
+        """``_finish_path``'s effect on the tree without building the result nobody reads."""
+        best = self._best_on_path(path)
+        self._touch_match(path[best - 1] if best else self.root_node)
+
+    def _begin_match(self) -> None:
+        """Hook: reset ``_match_valid``'s state before a path is checked (the SWA tree counts a window)."""
 
     def _match_valid(self, node: TreeNode) -> bool:
         return True
 
-    def _finish_match(self, key, values, best, best_values, full_hit, **kwargs) -> MatchResult:
+    def _touch_match(self, best: TreeNode) -> None:
+        """What a match changes besides splits: recency along the path to the node it ends on."""
         t = self._tick()
         node = best
         while node is not None:
             self._touch(node, t)
             t -= 1e-5
             node = node.parent
+
+    def _finish_match(self, key, values, best, best_values, full_hit, **kwargs) -> MatchResult:
+        self._touch_match(best)
         matched = tuple(values[:best_values])
         return MatchResult(matched, sum(map(len, matched)), best, full_hit)
 
@@ -218,6 +287,8 @@ class RadixCache(BasePrefixCache):
                 break
             covered -= len(chunk)
             tail.append(chunk[max(start - covered, 0):])
+        if len(tail) == 1:
+            return total, tail[0]  # a node's own slots: the caller copies them into its row
         return total, np.concatenate(tail[::-1]) if tail else _EMPTY
 
     # ------------------------------------------------------------------ insert
@@ -230,7 +301,11 @@ class RadixCache(BasePrefixCache):
         previous checkpoint locked). The walk down to it matches every node whole and frees nothing, so
         only its recency stamps are replayed and the token compare resumes below it."""
         key = key.page_aligned(self.page_size)
-        value = np.asarray(value, dtype=np.int64)[: len(key)]
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value, dtype=np.int64)
+        # A numpy view of any int dtype (a request's int32 row) is not converted as a whole: the slots
+        # freed are converted by the allocator and a new node's are copied to int64 below.
+        value = value[: len(key)]
         self._touch(self.root_node, self._tick())
         if len(key) == 0:
             return InsertResult(0, self.root_node, mamba_exist=True)
@@ -256,7 +331,7 @@ class RadixCache(BasePrefixCache):
             node = child
             pos += plen
         if pos < len(tokens):
-            target = self._add_new_node(node, tokens[pos:].copy(), value[pos:].copy(), extra)
+            target = self._add_new_node(node, tokens[pos:].copy(), np.array(value[pos:], dtype=np.int64), extra)
             is_new_leaf = True
         else:
             target, is_new_leaf = node, False
@@ -348,11 +423,16 @@ class RadixCache(BasePrefixCache):
             self.evictable_leaves.discard(node)
 
     def _pop_lru_leaf(self) -> TreeNode | None:
+        """The evictable leaf with the least (time, id). Every evictable leaf has a heap entry no later than
+        its own (time, id), so an entry that pops with its node's current time is the least of all; one
+        whose node was touched since goes back at the node's time."""
         heap = self._leaf_heap
         while heap:
-            t, _, node = heapq.heappop(heap)
-            if node in self.evictable_leaves and node.last_access_time == t:
-                return node
+            t, node_id, node = heapq.heappop(heap)
+            if node in self.evictable_leaves:
+                if node.last_access_time == t:
+                    return node
+                heapq.heappush(heap, (node.last_access_time, node_id, node))
         return None
 
     def evict(self, num_tokens: int) -> int:
@@ -403,11 +483,11 @@ class RadixCache(BasePrefixCache):
             return
         key = RadixKey(req.token_ids(cache_len), req.extra_key).page_aligned(self.page_size)
         aligned = len(key)
-        values = np.asarray(row[:aligned], dtype=np.int64)  # int32 table: a fresh int64 copy
+        values = row[:aligned]  # a view of the int32 row: insert converts only the slots it keeps or frees
         result = self.insert(key, values, prev_prefix_len=kv.cache_protected_len, mamba_value=mamba_value,
                              from_node=req.last_node if req.lock is req.last_node else None)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
-        self._split_prompt(req, key, values)
+        self._split_prompt(req, key, result.last_node)
         new_len, new_tail = self._path_tail(result.last_node, kv.cache_protected_len)
         self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, new_len)), new_tail)
         self.unlock(req.lock)
@@ -416,13 +496,31 @@ class RadixCache(BasePrefixCache):
         req.last_node = result.last_node
         self._cleanup_after_caching(req, is_finished, result, mamba_value, keep_idx)
 
-    def _split_prompt(self, req, key: RadixKey, values: np.ndarray) -> None:
+    def _split_prompt(self, req, key: RadixKey, last_node: TreeNode) -> None:
         """Re-insert the page-aligned prompt so the leaf splits at the prompt/output boundary and
-        eviction can drop the output KV first (FULL-only trees)."""
+        eviction can drop the output KV first (FULL-only trees). ``last_node`` ends the path that
+        spells ``key``, just inserted."""
         prompt_len = req.origin_input_len // self.page_size * self.page_size
         if 0 < prompt_len < len(key):
-            self.insert(RadixKey(key.token_ids[:prompt_len], key.extra_key), values[:prompt_len],
-                        prev_prefix_len=prompt_len)
+            self._reinsert_prefix(last_node, prompt_len)
+
+    def _reinsert_prefix(self, node: TreeNode, length: int) -> None:
+        """``insert`` of the first ``length`` (page-aligned) tokens of ``node``'s root path with
+        ``prev_prefix_len=length``. That walk follows this very path (the key is a prefix of it, so
+        every compare matches a whole node or runs out of key) and frees nothing: the same stamps and
+        split, without looking up or comparing a token."""
+        self._touch(self.root_node, self._tick())
+        pos, last = 0, self.root_node
+        for child in self._path_to(node):
+            if pos >= length:
+                break
+            self._touch(child, self._tick())
+            plen = min(len(child.key), length - pos)
+            if plen < len(child.key):
+                child = self._split_node(child, plen)
+            last = child
+            pos += plen
+        self._commit_insert(last, False, None)
 
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool) -> tuple[int, int | None, int | None]:
         """Hook: (length to insert, state slot offered to the tree, ping-pong position it came from)."""

@@ -170,9 +170,8 @@ class SWARadixCache(RadixCache):
         return n
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: RadixKey, **kwargs):
+    def _begin_match(self) -> None:
         self._swa_run = math.inf  # the validator's state: SWA-backed tokens since the last tombstone
-        return super().match_prefix(key, **kwargs)
 
     def _match_valid(self, node: SWATreeNode) -> bool:
         if node.swa_value is None:
@@ -181,9 +180,12 @@ class SWARadixCache(RadixCache):
         self._swa_run += len(node.key)
         return self._swa_run >= self.sliding_window_size
 
+    def _touch_match(self, best: SWATreeNode) -> None:
+        super()._touch_match(best)
+        self.swa_lru.reset_window_mru(best, self.root_node, self.sliding_window_size + self.page_size)
+
     def _finish_match(self, key, values, best, best_values, full_hit, **kwargs):
         result = super()._finish_match(key, values, best, best_values, full_hit)
-        self.swa_lru.reset_window_mru(best, self.root_node, self.sliding_window_size + self.page_size)
         aligned = full_hit // self.page_size * self.page_size
         return result._replace(swa_branching_seqlen=aligned if aligned > result.prefix_len else None)
 
@@ -290,7 +292,7 @@ class SWARadixCache(RadixCache):
             self._publish(parent)
         self._publish(leaf)
 
-    def _split_prompt(self, req, key, values) -> None:
+    def _split_prompt(self, req, key, last_node) -> None:
         pass  # only a FULL-only tree re-inserts the prompt
 
     # ------------------------------------------------------------------ request lifecycle

@@ -39,6 +39,7 @@ class SchedulePolicy:
         self.policy = "fcfs" if tree_cache.disable else policy
         self.tree_cache = tree_cache
         self._refresh_calls = 0
+        self._refresh_hints: dict = {}  # waiting Req -> (seqlen, its touch_prefix hint)
         self._waiting_tree = RadixCache(None, _NullAllocator(), page_size=1)
 
     def calc_priority(self, waiting_queue: list) -> None:
@@ -57,8 +58,16 @@ class SchedulePolicy:
         refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._refresh_calls += 1
         if refresh:
+            # A request's first seqlen tokens never change while it waits, so the hint from its last
+            # refresh (RadixCache.touch_prefix) stays valid for as long as its seqlen does.
+            hints = {}
             for r in reversed(waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.tree_cache.match_prefix(RadixKey(r.token_ids(r.seqlen), r.extra_key))
+                seqlen, hint = self._refresh_hints.get(r, (None, None))
+                if seqlen != r.seqlen:
+                    hint = None
+                hints[r] = (r.seqlen, self.tree_cache.touch_prefix(
+                    lambda r=r: RadixKey(r.token_ids(r.seqlen), r.extra_key), hint))
+            self._refresh_hints = hints
 
     def _compute_prefix_matches(self, waiting_queue: list) -> set:
         deprioritized = set()

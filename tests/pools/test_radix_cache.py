@@ -299,3 +299,107 @@ def test_insert_from_the_locked_node_equals_the_walk_from_the_root(page_size):
         return res.prefix_len, res.last_node.id, tree._clock, sorted(nodes), as_list(alloc.free_pages)
 
     assert run(True) == run(False)
+
+
+def test_touch_prefix_replays_a_valid_hint_and_rewalks_a_changed_path():
+    """The waiting-queue refresh's ``touch_prefix``: stamps by hand from the logical clock (a new node takes
+    two ticks, an insert one for the root and one per node walked, a match one)."""
+    tree, pool, alloc = make_tree(64, 1)
+    key = lambda toks: (lambda: RadixKey(toks))  # noqa: E731
+    tree.insert(RadixKey(list(range(1, 9))), np.asarray(alloc.alloc(8)))  # root t=2, node A [1..8] t=3; clock 5
+    a = tree.root_node.children[1]
+    hint = tree.touch_prefix(key(list(range(1, 11))))  # walks A, misses on token 9: A t=5, clock 6
+    assert (a.last_access_time, tree.root_node.last_access_time, tree._clock) == (5, 5 - 1e-5, 6)
+    assert tree.touch_prefix(key(None), hint) is hint  # nothing changed: replayed, the key never built
+    assert (a.last_access_time, tree._clock) == (6, 7)
+    # B [9, 10] under A: the lookup that missed now hits, so the walk runs again (root 7, A 8, B 9..10).
+    tree.insert(RadixKey(list(range(1, 11))), np.concatenate([a.value, alloc.alloc(2)]), prev_prefix_len=8)
+    b = a.children[9]
+    hint2 = tree.touch_prefix(key(list(range(1, 11))), hint)
+    assert hint2 is not hint and hint2[0] == [a, b]
+    assert (b.last_access_time, a.last_access_time, tree._clock) == (11, 11 - 1e-5, 12)
+    # [1, 2, 3, 4, 50] splits A at 4 (root 12, A 13, new parent N 14..15, A 16, leaf 17..18): re-walked.
+    tree.insert(RadixKey([1, 2, 3, 4, 50]), np.concatenate([a.value[:4], alloc.alloc(1)]), prev_prefix_len=4)
+    n = tree.root_node.children[1]
+    hint3 = tree.touch_prefix(key(list(range(1, 11))), hint2)
+    assert hint3[0] == [n, a, b] and tree._clock == 20
+    assert [x.last_access_time for x in (b, a, n)] == [19, 19 - 1e-5, 19 - 2e-5]
+    # Evicting B (the LRU leaf is [50], t=17, then B): the hint's last node is gone, the walk ends on A.
+    assert tree.evict(3) == 3 and 9 not in a.children
+    hint4 = tree.touch_prefix(key(list(range(1, 11))), hint3)
+    assert hint4[0] == [n, a] and hint4[2] == 9 and a.last_access_time == 20
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_touch_prefix_with_hints_equals_match_prefix(page_size):
+    """Two trees driven by the same inserts and evictions, refreshed by ``match_prefix`` and by
+    ``touch_prefix`` with carried hints: same nodes, stamps, clock, leaf heap and free list."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(1, 4, size=int(rng.integers(1, 6)) * page_size * 2) for _ in range(12)]
+
+    def run(use_hints):
+        tree, pool, alloc = make_tree(4096, page_size)
+        hints = {}
+        step = np.random.default_rng(11)
+        for t in range(60):
+            i = int(step.integers(len(prompts)))
+            if t % 3 == 0:
+                toks = prompts[i]
+                tree.insert(RadixKey(toks), np.asarray(alloc.alloc(len(toks))))
+            elif t % 7 == 0:
+                tree.evict(int(step.integers(1, 3 * page_size)))
+            for j in range(len(prompts)):
+                if use_hints:
+                    hints[j] = tree.touch_prefix(lambda j=j: RadixKey(prompts[j]), hints.get(j))
+                else:
+                    tree.match_prefix(RadixKey(prompts[j]))
+        nodes, stack = [], [tree.root_node]
+        while stack:
+            n = stack.pop()
+            nodes.append((n.id, n.parent.id if n.parent else -1, n.last_access_time, as_list(n.key),
+                          as_list(n.value)))
+            stack.extend(n.children.values())
+        heap = sorted((t, i) for t, i, _ in tree._leaf_heap)
+        return tree._clock, sorted(nodes), heap, as_list(alloc.free_pages)
+
+    assert run(True) == run(False)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_prompt_reinsert_along_the_path_equals_the_insert(page_size):
+    """The FULL-only checkpoint's prompt re-insert follows the just-inserted path: same split, stamps and
+    clock as ``insert(prompt, prev_prefix_len=len(prompt))``, which compares tokens node by node."""
+    def run(fast):
+        tree, pool, alloc = make_tree(64, page_size)
+        toks = np.arange(1, 25, dtype=np.int64)
+        slots = np.asarray(alloc.alloc(24))
+        tree.insert(RadixKey(toks[:8]), slots[:8])
+        last = tree.insert(RadixKey(toks), slots, prev_prefix_len=8).last_node  # path: [0, 8), [8, 24)
+        if fast:
+            tree._reinsert_prefix(last, 12)
+        else:
+            tree.insert(RadixKey(toks[:12]), slots[:12], prev_prefix_len=12)
+        nodes, stack = [], [tree.root_node]
+        while stack:
+            n = stack.pop()
+            nodes.append((n.id, n.parent.id if n.parent else -1, n.last_access_time, as_list(n.key),
+                          as_list(n.value)))
+            stack.extend(n.children.values())
+        return tree._clock, sorted(nodes), sorted((t, i) for t, i, _ in tree._leaf_heap)
+
+    clock, nodes, _ = run(True)
+    # by id: root, [0, 8), then [8, 24) keeps its id as the tail [12, 24); its new parent [8, 12) is the newest
+    assert [len(k) for *_, k, _v in nodes] == [0, 8, 12, 4]
+    assert run(True) == run(False)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_long_keys_match_up_to_the_first_unequal_page(page_size):
+    """Keys past 8192 tokens compare in place rather than as bytes: same lengths."""
+    tree, pool, alloc = make_tree(20000, page_size)
+    toks = np.arange(1, 10001, dtype=np.int64)
+    tree.insert(RadixKey(toks), np.asarray(alloc.alloc(10000)))
+    assert tree.match_prefix(RadixKey(toks)).prefix_len == 10000
+    other = toks.copy()
+    other[9001] = 0  # token 9001 differs: page 1 keeps 9001 tokens, page 4 the 2250 whole pages before it
+    assert tree.match_prefix(RadixKey(other)).prefix_len == (9001 if page_size == 1 else 9000)
