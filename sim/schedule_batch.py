@@ -110,7 +110,8 @@ class ScheduleBatch:
             r.decode_batch_idx += 1
             seq_lens.append(r.kv.kv_committed_len)
         self.decode_seq_lens = seq_lens
-        if self.tree_cache.supports_mamba():
+        # only the extra_buffer strategy tracks decode states (track_after_decode returns None otherwise)
+        if self.tree_cache.supports_mamba() and self.tree_cache.strategy == "extra_buffer":
             track = self.tree_cache.track_after_decode
             tracks = {id(r): t for r in self.reqs if (t := track(r)) is not None}
             self.mamba_tracks = tracks or None
