@@ -227,8 +227,10 @@ class Coefficients:
         return replace(Coefficients(), **{k: float(v) for k, v in coeffs.items()})
 
 
-def calibration_source(path: str | Path) -> str:
-    """How ``run`` names a calibration file: its path, and the device and date it was measured on."""
+def calibration_source(path: str | Path, arch: str | None = None) -> str:
+    """How ``run`` names a calibration file: its path, and the device and date it was measured on. A file that
+    ``poolsim calibrate`` fitted on another GPU architecture than the run's (``arch``) moved none of this run's
+    per-architecture coefficients, so its own error does not apply: the line says so and quotes the defaults'."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -241,6 +243,11 @@ def calibration_source(path: str | Path) -> str:
             or device.get("device")
     what = ", ".join(str(v) for v in (device, data.get("date")) if v)
     error = data.get("measured_error")  # what the calibration run measured, if it says
+    fit = data.get("fit")
+    fitted_arch = fit.get("arch") if isinstance(fit, dict) else None
+    if arch and fitted_arch and fitted_arch != arch:
+        error = (f"fitted on {fitted_arch}: this {arch} GPU keeps the fitted defaults of its architecture "
+                 f"({MEASURED_ERROR})")
     return (f"calibration {path}" + (f" ({what})" if what else "")
             + (f"; {error}" if error else "; its error against published runs: not measured"))
 

@@ -10,7 +10,8 @@ from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import plan_memory
 from sim.schedule_batch import ScheduleBatch
-from sim.step_time import FIT_BOUNDS, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost, calibration_source
+from sim.step_time import (FIT_BOUNDS, MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
+                            calibration_source)
 
 
 def cost(name="llama-3.1-8b", gpu="H100", args=None, **flags):
@@ -201,3 +202,16 @@ def test_fp8_layers_add_their_activation_quantization_cost():
     base = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=10e-6))(decode_batch([100]))
     more = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=30e-6))(decode_batch([100]))
     assert more - base == pytest.approx(61 * 20e-6, rel=1e-9)  # 61 layers x 20 us
+
+
+def test_calibration_of_another_architecture_quotes_the_defaults_error(tmp_path):
+    """A calibration fitted on an H100 (sm90) moves no B200 (sm100) coefficient: a B200 run must not quote the H100
+    file's step error as its own."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"device": {"device": "cuda:0", "name": "NVIDIA H100"}, "date": "2026-12-01",
+                                "coefficients": {"hbm_efficiency_sm90": 0.7}, "fit": {"arch": "sm90"},
+                                "measured_error": "held-out step MAPE 4.0% over 9 replayed steps"}))
+    head = f"calibration {path} (NVIDIA H100 cuda:0, 2026-12-01); "
+    assert calibration_source(path, "sm90") == head + "held-out step MAPE 4.0% over 9 replayed steps"
+    assert calibration_source(path, "sm100") == (head + "fitted on sm90: this sm100 GPU keeps the fitted defaults "
+                                                 f"of its architecture ({MEASURED_ERROR})")
