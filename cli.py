@@ -1023,7 +1023,15 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
         raise typer.Exit(1)
     except (ValueError, OSError) as e:
         _fail(e)
-    except (RuntimeError, PoolError) as e:
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
+            # the host or device ran out, not the simulated server: say what to shrink
+            _fail(RuntimeError(f"--device {device}: the replay ran out of memory ({str(e).splitlines()[0]}); its "
+                               "pools are allocated at the planned sizes and the stand-in prefill attention holds "
+                               "a prompt's scores: use a smaller pool (--max-total-tokens, --context-length) and "
+                               "shorter prompts"))
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    except PoolError as e:
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
 
 
