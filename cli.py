@@ -397,8 +397,9 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
     for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
             p = pools[name]
-            rows.append((f"{label} (capacity {p['capacity']:,})",
-                         f"peak {p['peak_used_frac']:.0%}, mean {p['mean_used_frac']:.0%}"
+            # the capacity is in the value: compared servers have their own
+            rows.append((label, f"capacity {p['capacity']:,}: peak {p['peak_used_frac']:.0%}, "
+                                f"mean {p['mean_used_frac']:.0%}"
                          + (f", first exhausted at t={p['first_exhausted_s']:.1f} s" if p["first_exhausted_s"]
                             is not None else "")))
     return rows
@@ -412,9 +413,10 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
     table.add_column("metric", style="bold")
     for label in labels:
         table.add_column(label)
-    rows = [_summary_rows(s) for s in summaries]
-    for i, (name, _) in enumerate(rows[0]):
-        table.add_row(name, *(r[i][1] if i < len(r) else "-" for r in rows))
+    rows = [dict(_summary_rows(s)) for s in summaries]
+    names = list(dict.fromkeys(name for r in rows for name in r))  # by name: a row one server lacks shows "-"
+    for name in names:
+        table.add_row(name, *(r.get(name, "-") for r in rows))
     console = Console()
     console.print(table)
     for label, s in zip(labels, summaries):
