@@ -360,8 +360,10 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
 
 
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
-    def ms(x):
-        return "-" if x is None else f"{x * 1e3:,.0f} ms" if x < 10 else f"{x:,.1f} s"
+    from reports import units
+
+    def ms(x):  # as the report prints it (three significant digits), so the two agree
+        return "-" if x is None else units.seconds(x)
 
     pools = summary["pools"]
     rows = [
