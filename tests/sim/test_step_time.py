@@ -215,3 +215,17 @@ def test_calibration_of_another_architecture_quotes_the_defaults_error(tmp_path)
     assert calibration_source(path, "sm90") == head + "held-out step MAPE 4.0% over 9 replayed steps"
     assert calibration_source(path, "sm100") == (head + "fitted on sm90: this sm100 GPU keeps the fitted defaults "
                                                  f"of its architecture ({MEASURED_ERROR})")
+
+
+def test_readme_quotes_the_shipped_time_model_error():
+    """README.md's time-model paragraph quotes MEASURED_ERROR (what `run` prints), not an older fit's figures:
+    it quoted 41 runs and 7 % / 24 % / 8 % after the defaults were refitted to 16 % / 23 % / 18 %."""
+    import re
+    from pathlib import Path
+    tput, ttft, ttft50, tpot = re.match(r"held-out median \|error\| (\d+)% throughput, (\d+)% TTFT "
+                                        r"\(median TTFT (\d+)%\), (\d+)% TPOT", MEASURED_ERROR).groups()
+    held_out = re.search(r"of (\d+) held-out published", MEASURED_ERROR).group(1)
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert (f"on the {held_out} held-out published runs" in readme
+            and f"its median error is {tput} % on output throughput, {ttft} % on mean TTFT ({ttft50} % on median "
+                f"TTFT) and {tpot} % on TPOT" in readme)
