@@ -215,9 +215,16 @@ class Coefficients:
         """Read ``{"device": ..., "date": ..., "coefficients": {name: value}}``; unknown names are errors."""
         try:
             data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
+        if isinstance(data, dict) and "coefficients" not in data and "phase" in data:
+            # `poolsim calibrate` stopped (killed, out of memory) before its fit wrote any coefficient
+            raise ValueError(f"{path}: a calibration that stopped at its {data['phase']!r} phase, before the fit: "
+                             "no coefficients (run calibrate again)")
+        try:
             coeffs = data["coefficients"]
             unknown = set(coeffs) - set(Coefficients.names())
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
         if unknown:
             raise ValueError(f"{path}: unknown coefficient(s) {', '.join(sorted(unknown))}")

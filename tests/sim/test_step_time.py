@@ -229,3 +229,16 @@ def test_readme_quotes_the_shipped_time_model_error():
     assert (f"on the {held_out} held-out published runs" in readme
             and f"its median error is {tput} % on output throughput, {ttft} % on mean TTFT ({ttft50} % on median "
                 f"TTFT) and {tpot} % on TPOT" in readme)
+
+
+def test_a_calibration_stopped_before_its_fit_is_named_as_such(tmp_path):
+    """calibrate rewrites calibration.json after each phase; one killed before the fit has no coefficients, and
+    `run --calibration` says that rather than 'not a poolsim calibration file'."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "poolsim-calibration/1", "phase": "reference", "device": {}}))
+    with pytest.raises(ValueError, match=r"cal.json: a calibration that stopped at its 'reference' phase, before "
+                                         r"the fit: no coefficients \(run calibrate again\)$"):
+        Coefficients.from_calibration(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a poolsim calibration file"):
+        Coefficients.from_calibration(path)
