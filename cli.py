@@ -360,8 +360,10 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
 
 
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
-    def ms(x):
-        return "-" if x is None else f"{x * 1e3:,.0f} ms" if x < 10 else f"{x:,.1f} s"
+    from reports import units
+
+    def ms(x):  # as the report prints it (three significant digits), so the two agree
+        return "-" if x is None else units.seconds(x)
 
     pools = summary["pools"]
     rows = [
@@ -397,8 +399,9 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
     for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
             p = pools[name]
-            rows.append((f"{label} (capacity {p['capacity']:,})",
-                         f"peak {p['peak_used_frac']:.0%}, mean {p['mean_used_frac']:.0%}"
+            # the capacity is in the value: compared servers have their own
+            rows.append((label, f"capacity {p['capacity']:,}: peak {p['peak_used_frac']:.0%}, "
+                                f"mean {p['mean_used_frac']:.0%}"
                          + (f", first exhausted at t={p['first_exhausted_s']:.1f} s" if p["first_exhausted_s"]
                             is not None else "")))
     return rows
@@ -412,9 +415,10 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
     table.add_column("metric", style="bold")
     for label in labels:
         table.add_column(label)
-    rows = [_summary_rows(s) for s in summaries]
-    for i, (name, _) in enumerate(rows[0]):
-        table.add_row(name, *(r[i][1] if i < len(r) else "-" for r in rows))
+    rows = [dict(_summary_rows(s)) for s in summaries]
+    names = list(dict.fromkeys(name for r in rows for name in r))  # by name: a row one server lacks shows "-"
+    for name in names:
+        table.add_row(name, *(r.get(name, "-") for r in rows))
     console = Console()
     console.print(table)
     for label, s in zip(labels, summaries):
@@ -1023,7 +1027,15 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
         raise typer.Exit(1)
     except (ValueError, OSError) as e:
         _fail(e)
-    except (RuntimeError, PoolError) as e:
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
+            # the host or device ran out, not the simulated server: say what to shrink
+            _fail(RuntimeError(f"--device {device}: the replay ran out of memory ({str(e).splitlines()[0]}); its "
+                               "pools are allocated at the planned sizes and the stand-in prefill attention holds "
+                               "a prompt's scores: use a smaller pool (--max-total-tokens, --context-length) and "
+                               "shorter prompts"))
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    except PoolError as e:
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
 
 

@@ -143,7 +143,7 @@ def _value_text(key: str, value) -> str:
     if isinstance(value, dict):
         return json.dumps(value, default=str)[:200]
     if isinstance(value, (int, float)):
-        if key.endswith("_gib"):
+        if key.endswith("_gib") or "_gib_" in key:  # weights_gib_per_rank too
             return f"{units.sig3(value)} GiB"
         if key.endswith("_bytes"):
             return units.nbytes(value)

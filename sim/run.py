@@ -223,5 +223,6 @@ def _step_time(spec: str, model, gpu, plan, calibration, args=None):
     if spec != "analytic":
         raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
     coeffs = Coefficients.from_calibration(calibration) if calibration else None
-    source = calibration_source(calibration) if calibration else f"fitted defaults; {MEASURED_ERROR}"
-    return AnalyticStepTime(ModelCost.from_model(model, gpu, plan, args), coeffs, source=source)
+    cost = ModelCost.from_model(model, gpu, plan, args)
+    source = calibration_source(calibration, cost.arch) if calibration else f"fitted defaults; {MEASURED_ERROR}"
+    return AnalyticStepTime(cost, coeffs, source=source)

@@ -215,9 +215,16 @@ class Coefficients:
         """Read ``{"device": ..., "date": ..., "coefficients": {name: value}}``; unknown names are errors."""
         try:
             data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
+        if isinstance(data, dict) and "coefficients" not in data and "phase" in data:
+            # `poolsim calibrate` stopped (killed, out of memory) before its fit wrote any coefficient
+            raise ValueError(f"{path}: a calibration that stopped at its {data['phase']!r} phase, before the fit: "
+                             "no coefficients (run calibrate again)")
+        try:
             coeffs = data["coefficients"]
             unknown = set(coeffs) - set(Coefficients.names())
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
         if unknown:
             raise ValueError(f"{path}: unknown coefficient(s) {', '.join(sorted(unknown))}")
@@ -227,8 +234,10 @@ class Coefficients:
         return replace(Coefficients(), **{k: float(v) for k, v in coeffs.items()})
 
 
-def calibration_source(path: str | Path) -> str:
-    """How ``run`` names a calibration file: its path, and the device and date it was measured on."""
+def calibration_source(path: str | Path, arch: str | None = None) -> str:
+    """How ``run`` names a calibration file: its path, and the device and date it was measured on. A file that
+    ``poolsim calibrate`` fitted on another GPU architecture than the run's (``arch``) moved none of this run's
+    per-architecture coefficients, so its own error does not apply: the line says so and quotes the defaults'."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -241,6 +250,11 @@ def calibration_source(path: str | Path) -> str:
             or device.get("device")
     what = ", ".join(str(v) for v in (device, data.get("date")) if v)
     error = data.get("measured_error")  # what the calibration run measured, if it says
+    fit = data.get("fit")
+    fitted_arch = fit.get("arch") if isinstance(fit, dict) else None
+    if arch and fitted_arch and fitted_arch != arch:
+        error = (f"fitted on {fitted_arch}: this {arch} GPU keeps the fitted defaults of its architecture "
+                 f"({MEASURED_ERROR})")
     return (f"calibration {path}" + (f" ({what})" if what else "")
             + (f"; {error}" if error else "; its error against published runs: not measured"))
 

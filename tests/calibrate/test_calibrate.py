@@ -248,6 +248,21 @@ def test_bad_layers_and_missing_cuda_are_one_line_errors(chat_trace, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_running_out_of_memory_is_not_blamed_on_the_simulated_server(chat_trace, tmp_path, monkeypatch):
+    """A host allocation failure (torch's CPU allocator) is the replay's own memory, not SGLang's behaviour: one
+    line saying what to shrink, exit code 2."""
+    def oom(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 3493199872 bytes.\nmore")
+    monkeypatch.setattr(cal, "calibrate", oom)
+    res = runner.invoke(app, ["calibrate", str(chat_trace), "--model", "llama-3.1-8b", "--gpu", "H100", *SMALL,
+                              "--device", "cpu", "--tiny", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.output.startswith("error: --device cpu: the replay ran out of memory ([enforce fail")
+    assert "3493199872 bytes.)" in res.output and "--max-total-tokens" in res.output
+    assert "simulated SGLang server" not in res.output and res.output.count("\n") == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("model, extra", [("kimi-linear-48b-a3b", []), ("qwen3-next-80b-a3b", ["--tp", "2"]),
                                           ("nemotron-3-nano-30b-a3b", []), ("llama-3.1-8b", [])])

@@ -110,3 +110,33 @@ def test_run_accepts_an_slo(tmp_path):
     bad = runner.invoke(app, ["run", str(small_trace(tmp_path)), "--model", "llama-3.1-8b", "--gpu", "H100",
                               "--slo-on", "itl"])
     assert bad.exit_code == 2 and "--slo-on 'itl'" in bad.output
+
+
+def test_compare_table_gives_each_server_its_own_capacities_and_aligns_rows_by_name(tmp_path):
+    """Side by side, a pool row shows each server's own capacity (Kimi-Linear on an H200: 2,432,131 KV tokens, 81
+    rows, 405 mamba slots, as `plan` sizes it), and a row only one server has (mamba slots) is '-' for the other
+    instead of shifting the rows below it."""
+    trace = str(small_trace(tmp_path))
+    args = ["run", trace, "--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--compare-model", "llama-3.1-70b",
+            "--compare-tp", "2"]
+    llama = json.loads(runner.invoke(app, args + ["--json"]).output)["llama-3.1-70b tp2"]["pools"]
+    res = runner.invoke(app, args + ["--quiet"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    rows = {line.split("  ")[0].strip(): line for line in res.output.splitlines() if line.startswith(" ")}
+    kv, req, mamba = rows["KV tokens"], rows["request rows"], rows["mamba slots"]
+    assert "capacity 2,432,131: peak" in kv and f"capacity {llama['kv']['capacity']:,}: peak" in kv
+    assert "capacity 81: peak" in req and f"capacity {llama['rows']['capacity']:,}: peak" in req
+    assert "capacity 405: peak" in mamba and mamba.rstrip().endswith(" -")
+
+
+def test_cli_latencies_read_as_the_report_prints_them():
+    """The terminal summary and report.html show a latency the same way (three significant digits): an 8.49 ms
+    inter-token latency was '8 ms' on the terminal and '8.49 ms' in the report."""
+    from cli import _summary_rows
+    lat = {"p50": 0.00849, "p90": 0.131, "p99": 5.5003, "mean": 0.1}
+    summary = {"finished": 3, "aborted": 0, "retractions": 0, "retracted_requests": 0, "duration_s": 1.0,
+               "steps": 4, "throughput_req_s": 3.0, "output_tok_s": 1.0, "input_tok_s": 1.0, "ttft_s": lat,
+               "itl_s": lat, "e2e_s": {k: None for k in lat}, "cache_hit_rate": 0.0, "pools": {}}
+    rows = dict(_summary_rows(summary))
+    assert rows["TTFT p50 / p90 / p99"] == "8.49 ms / 131 ms / 5.50 s"
+    assert rows["end-to-end p50 / p90 / p99"] == "- / - / -"

@@ -10,7 +10,8 @@ from pools.model_config import ModelConfig
 from pools.server_args import ServerArgs
 from pools.sizing import plan_memory
 from sim.schedule_batch import ScheduleBatch
-from sim.step_time import FIT_BOUNDS, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost, calibration_source
+from sim.step_time import (FIT_BOUNDS, MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
+                            calibration_source)
 
 
 def cost(name="llama-3.1-8b", gpu="H100", args=None, **flags):
@@ -201,3 +202,43 @@ def test_fp8_layers_add_their_activation_quantization_cost():
     base = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=10e-6))(decode_batch([100]))
     more = AnalyticStepTime(c, replace(K, fp8_layer_s_sm100=30e-6))(decode_batch([100]))
     assert more - base == pytest.approx(61 * 20e-6, rel=1e-9)  # 61 layers x 20 us
+
+
+def test_calibration_of_another_architecture_quotes_the_defaults_error(tmp_path):
+    """A calibration fitted on an H100 (sm90) moves no B200 (sm100) coefficient: a B200 run must not quote the H100
+    file's step error as its own."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"device": {"device": "cuda:0", "name": "NVIDIA H100"}, "date": "2026-12-01",
+                                "coefficients": {"hbm_efficiency_sm90": 0.7}, "fit": {"arch": "sm90"},
+                                "measured_error": "held-out step MAPE 4.0% over 9 replayed steps"}))
+    head = f"calibration {path} (NVIDIA H100 cuda:0, 2026-12-01); "
+    assert calibration_source(path, "sm90") == head + "held-out step MAPE 4.0% over 9 replayed steps"
+    assert calibration_source(path, "sm100") == (head + "fitted on sm90: this sm100 GPU keeps the fitted defaults "
+                                                 f"of its architecture ({MEASURED_ERROR})")
+
+
+def test_readme_quotes_the_shipped_time_model_error():
+    """README.md's time-model paragraph quotes MEASURED_ERROR (what `run` prints), not an older fit's figures:
+    it quoted 41 runs and 7 % / 24 % / 8 % after the defaults were refitted to 16 % / 23 % / 18 %."""
+    import re
+    from pathlib import Path
+    tput, ttft, ttft50, tpot = re.match(r"held-out median \|error\| (\d+)% throughput, (\d+)% TTFT "
+                                        r"\(median TTFT (\d+)%\), (\d+)% TPOT", MEASURED_ERROR).groups()
+    held_out = re.search(r"of (\d+) held-out published", MEASURED_ERROR).group(1)
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert (f"on the {held_out} held-out published runs" in readme
+            and f"its median error is {tput} % on output throughput, {ttft} % on mean TTFT ({ttft50} % on median "
+                f"TTFT) and {tpot} % on TPOT" in readme)
+
+
+def test_a_calibration_stopped_before_its_fit_is_named_as_such(tmp_path):
+    """calibrate rewrites calibration.json after each phase; one killed before the fit has no coefficients, and
+    `run --calibration` says that rather than 'not a poolsim calibration file'."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "poolsim-calibration/1", "phase": "reference", "device": {}}))
+    with pytest.raises(ValueError, match=r"cal.json: a calibration that stopped at its 'reference' phase, before "
+                                         r"the fit: no coefficients \(run calibrate again\)$"):
+        Coefficients.from_calibration(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a poolsim calibration file"):
+        Coefficients.from_calibration(path)
