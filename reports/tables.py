@@ -32,9 +32,20 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# pool sizes are SGLang's own exact numbers (it logs them): shown in full, never as 2.43M
+EXACT_COUNTS = ("capacity", "max_total_num_tokens", "swa_max_total_num_tokens")
+
+
+def _by_unit(name: str, value, unit: str) -> str:
+    if name.rsplit(".", 1)[-1] in EXACT_COUNTS and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and float(value).is_integer():
+        return units.count(value)
+    return units.by_unit(value, unit)
+
+
 def fmt(name: str, value) -> str:
     """``value`` formatted by the unit METRICS.md gives ``name`` (a qualified name)."""
-    return units.by_unit(value, definitions.lookup(name).unit)
+    return _by_unit(name, value, definitions.lookup(name).unit)
 
 
 def metric_link(name: str, label: str | None = None) -> Markup:
@@ -157,7 +168,7 @@ def run_value(key: str, value) -> str:
     """A run.json value: by its METRICS.md unit where it has one, else by its name."""
     known = definitions.index().get(f"run.{key}")
     if known is not None and known.unit != "text" and not isinstance(value, (list, tuple, dict, str)):
-        return units.by_unit(value, known.unit)
+        return _by_unit(key, value, known.unit)
     return _value_text(key, value)
 
 
@@ -236,7 +247,7 @@ def _has(d: dict, dotted: str) -> bool:
 
 def _cell(name: str, value) -> dict:
     m = definitions.lookup(name)
-    return {"value": units.by_unit(value, m.unit), "link": f"#{m.anchor}", "raw": "" if value is None else str(value)}
+    return {"value": _by_unit(name, value, m.unit), "link": f"#{m.anchor}", "raw": "" if value is None else str(value)}
 
 
 def definitions_for_page() -> list[dict]:

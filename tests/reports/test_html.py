@@ -103,7 +103,7 @@ def test_tables_round_with_units():
     assert [c["value"] for c in t["latency"][0]["cells"]] == ["12.3 ms", "250 ms", "1.50 s", "–"]
     assert t["pool_cols"] == ["capacity", "peak used", "mean used", "first exhausted at"]
     assert [[c["value"] for c in row["cells"]] for row in t["pools"]] == [
-        ["1.23M", "50.0%", "25.0%", "–"], ["512", "100.0%", "90.0%", "12.3 s"]]
+        ["1,234,567", "50.0%", "25.0%", "–"], ["512", "100.0%", "90.0%", "12.3 s"]]
 
 
 def test_summary_csv_holds_every_summary_number(run_dirs, tmp_path):
