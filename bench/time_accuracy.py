@@ -178,27 +178,48 @@ def prompt_cache_hits(cases: list["Case"], sequences: dict[str, list[str]]) -> N
                     held[i] = max(held.get(i, 0), n)
 
 
+def shared_server_flags(rows: list[dict], sequences: dict[str, list[str]]) -> dict[str, dict]:
+    """case id -> the server flags quoted by any case of its server sequence: the cases of one sequence ran on
+    ONE server, and a page quotes its deployment command once (GLM-4.7-Flash: --attention-backend triton in its
+    first row only), so every case of the sequence replays with those flags. Two cases quoting different
+    values for one flag cannot share a server: an error."""
+    notes = {r["case_id"]: r["notes"] for r in rows}
+    out: dict[str, dict] = {}
+    for sid, ids in sequences.items():
+        merged: dict = {}
+        for i in ids:
+            for field, value in server_flags(notes.get(i, "")).items():
+                if merged.setdefault(field, value) != value:
+                    raise ValueError(f"{SEQUENCES}: sequence {sid} quotes {field}={merged[field]!r} and "
+                                     f"{value!r} ({i}); one server has one value")
+        out.update({i: merged for i in ids})
+    return out
+
+
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
     cases, skipped = [], []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row["skip_reason"]:
-                skipped.append((row["case_id"], row["skip_reason"]))
-                continue
-            model, gpu = ModelConfig.load(row["model"]), get_gpu(row["gpu"])
-            # the published runs (SGLang 0.5.6-0.5.7) ran prefill eager: no prefill CUDA graphs then
-            flags = {"tp_size": int(row["tp"]), "disable_prefill_cuda_graph": True}
-            if model.linear_attn is not None:
-                # no_buffer was the hybrids' default mamba radix-cache strategy then (SGLang cookbook,
-                # Qwen3-Next 3.2: "V1 (no_buffer): Default"); it also turns the overlap scheduler off
-                flags.update(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
-            flags.update(server_flags(row["notes"]))
-            args = ServerArgs(**flags)
-            plan = plan_memory(model, gpu, args)
-            cost = ModelCost.from_model(model, gpu, plan, args)
-            cases.append(Case(row, family(model), cost, plan.chunked_prefill_size or 0, plan.max_running_requests,
-                              model, gpu, args, drawn_input_lens(row)))
     sequences = load_sequences() if path == DATA else {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    shared = shared_server_flags(rows, sequences)
+    for row in rows:
+        if row["skip_reason"]:
+            skipped.append((row["case_id"], row["skip_reason"]))
+            continue
+        model, gpu = ModelConfig.load(row["model"]), get_gpu(row["gpu"])
+        # the published runs (SGLang 0.5.6-0.5.7) ran prefill eager: no prefill CUDA graphs then
+        flags = {"tp_size": int(row["tp"]), "disable_prefill_cuda_graph": True}
+        if model.linear_attn is not None:
+            # no_buffer was the hybrids' default mamba radix-cache strategy then (SGLang cookbook,
+            # Qwen3-Next 3.2: "V1 (no_buffer): Default"); it also turns the overlap scheduler off
+            flags.update(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
+        flags.update(shared.get(row["case_id"], {}))
+        flags.update(server_flags(row["notes"]))
+        args = ServerArgs(**flags)
+        plan = plan_memory(model, gpu, args)
+        cost = ModelCost.from_model(model, gpu, plan, args)
+        cases.append(Case(row, family(model), cost, plan.chunked_prefill_size or 0, plan.max_running_requests,
+                          model, gpu, args, drawn_input_lens(row)))
     for sid, ids in sequences.items():
         for case in cases:
             if case.id in ids:

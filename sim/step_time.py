@@ -3,7 +3,7 @@
 ``AnalyticStepTime`` is a roofline per step on one tp rank (all ranks run the same shapes), plus the
 fixed costs a roofline cannot see:
 
-    t = max(compute, memory) + launch + moe + linear + comm + step_overhead_s
+    t = max(compute, memory) + triton + launch + moe + linear + comm + step_overhead_s
 
     compute = dense flops / (peak x mfu[arch])                        dense GEMMs, attention
             + routed-expert flops / (peak x mfu[arch] x moe_gemm_efficiency)   MoE grouped GEMM
@@ -14,6 +14,12 @@ fixed costs a roofline cannot see:
     memory  = bytes / (hbm_bandwidth x hbm_efficiency[arch])
         bytes = dense weights + routed-expert weights x (share of experts the batch touches)
               + context tokens x KV cell bytes + new tokens x KV cell bytes + 2 x state bytes per request
+    triton  = full-attention layers x (mean decode seq_len x triton_decode_token_layer_s
+                                       + sum of decode seq_lens x triton_decode_kv_token_layer_s)
+              (--attention-backend triton only): SGLang's Triton decode kernel splits each request's KV
+              into at most num_kv_splits chunks of one CTA each, so a small batch leaves most SMs idle and
+              the kernel's time follows one request's length (latency); a large batch fills the SMs and
+              its time follows the batch's KV tokens at the kernel's own rate, far below HBM bandwidth
     launch  = layers x (graph_layer_s[arch]  if the step replays a CUDA graph: decode batches up to
                                                SGLang's cuda_graph_max_bs; prefill where the prefill graph is on
                         eager_layer_s[arch]  otherwise: kernel launches and Python per layer)
@@ -59,6 +65,15 @@ DESCRIPTIONS = {
     "moe_token_layer_s": "s per token per MoE layer: top-k routing, permute and unpermute",
     "linear_prefill_token_layer_s": "s per prefill token per linear-attention layer: chunked KDA/GDN/Mamba2 "
                                     "scan and causal conv",
+    "triton_decode_token_layer_s": "s per decode context token per full-attention layer, at the mean sequence "
+                                   "length of the batch, with --attention-backend triton (split-KV kernel: "
+                                   "latency in proportion to a request's length at small batch)",
+    "triton_decode_kv_token_layer_s": "s per decode KV token of the batch per full-attention layer with "
+                                      "--attention-backend triton (the split-KV kernel's rate once the batch "
+                                      "fills the SMs)",
+    # Both Triton terms are fitted on SGLang 0.5.6-0.5.7 runs (GLM-4.7-Flash on B200 is the only training model
+    # with --attention-backend triton at several lengths). 0.5.23 raises an MLA model's split cap towards the SM
+    # count (triton_backend.py:83-90, 325-338), which should shrink the latency term for MLA there: not measured.
     "link_efficiency": "achieved / datasheet link bandwidth in all-reduce and all-to-all",
     "allreduce_latency_s": "s per small all-reduce (SGLang's custom all-reduce kernel; not fitted: no published "
                            "case resolves it)",
@@ -78,6 +93,8 @@ PRIORS = {
     "step_overhead_s": 1.5e-3,
     "moe_token_layer_s": 5e-9,
     "linear_prefill_token_layer_s": 20e-9,
+    "triton_decode_token_layer_s": 5e-9,
+    "triton_decode_kv_token_layer_s": 0.5e-9,
     "link_efficiency": 0.7,
     "allreduce_latency_s": 8e-6,
     "request_cpu_s": 0.06,
@@ -89,40 +106,42 @@ PRIORS = {
 # its FIT_BOUNDS edge, so the data does not resolve it).
 # BEGIN FITTED DEFAULTS
 DEFAULTS = {
-    "hbm_efficiency_sm80": 0.4852,
+    "hbm_efficiency_sm80": 0.4621,
     "hbm_efficiency_sm89": 0.75,  # prior
     "hbm_efficiency_sm90": 0.75,  # prior
-    "hbm_efficiency_sm100": 0.4053,
-    "hbm_efficiency_gfx942": 0.549,
-    "mfu_sm80": 0.5898,
+    "hbm_efficiency_sm100": 0.5512,
+    "hbm_efficiency_gfx942": 0.5229,
+    "mfu_sm80": 0.6071,
     "mfu_sm89": 0.55,  # prior
     "mfu_sm90": 0.55,  # prior
-    "mfu_sm100": 0.3939,
-    "mfu_gfx942": 0.1184,
-    "moe_gemm_efficiency": 0.125,
+    "mfu_sm100": 0.665,
+    "mfu_gfx942": 0.147,
+    "moe_gemm_efficiency": 0.1,  # at bound
     "graph_layer_s_sm80": 1e-06,  # at bound
     "graph_layer_s_sm89": 2e-05,  # prior
     "graph_layer_s_sm90": 2e-05,  # prior
-    "graph_layer_s_sm100": 3.04e-05,
-    "graph_layer_s_gfx942": 7.433e-05,
-    "eager_layer_s_sm80": 0.0001428,
+    "graph_layer_s_sm100": 4.141e-05,
+    "graph_layer_s_gfx942": 7.807e-05,
+    "eager_layer_s_sm80": 0.0001601,
     "eager_layer_s_sm89": 0.00015,  # prior
     "eager_layer_s_sm90": 0.00015,  # prior
-    "eager_layer_s_sm100": 7.976e-05,
+    "eager_layer_s_sm100": 0.0001611,
     "eager_layer_s_gfx942": 0.001,  # at bound
     "fp8_layer_s_sm80": 1e-05,  # prior
     "fp8_layer_s_sm89": 1e-05,  # prior
     "fp8_layer_s_sm90": 1e-05,  # prior
-    "fp8_layer_s_sm100": 4.961e-06,
-    "fp8_layer_s_gfx942": 0.0002597,
-    "step_overhead_s": 0.003984,
+    "fp8_layer_s_sm100": 2.255e-05,
+    "fp8_layer_s_gfx942": 0.000247,
+    "step_overhead_s": 0.003213,
     "moe_token_layer_s": 1e-10,  # at bound
     "linear_prefill_token_layer_s": 1e-06,  # at bound
+    "triton_decode_token_layer_s": 4.508e-08,
+    "triton_decode_kv_token_layer_s": 1.79e-09,
     "link_efficiency": 1,  # at bound
     "allreduce_latency_s": 8e-06,  # prior
-    "request_cpu_s": 0.08003,
+    "request_cpu_s": 0.08163,
 }
-MEASURED_ERROR = ('held-out median |error| 16% throughput, 23% TTFT (median TTFT 23%), 18% TPOT (full simulation '
+MEASURED_ERROR = ('held-out median |error| 10% throughput, 20% TTFT (median TTFT 21%), 13% TPOT (full simulation '
                   'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 
@@ -139,6 +158,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "step_overhead_s": (1e-4, 10e-3),
     "moe_token_layer_s": (1e-10, 1e-6),
     "linear_prefill_token_layer_s": (1e-10, 1e-6),
+    "triton_decode_token_layer_s": (1e-10, 1e-6),
+    "triton_decode_kv_token_layer_s": (1e-12, 1e-7),
     "link_efficiency": (0.2, 1.0),
     "allreduce_latency_s": (1e-6, 50e-6),
     "request_cpu_s": (1e-3, 0.3),
@@ -193,6 +214,8 @@ class Coefficients:
     step_overhead_s: float = DEFAULTS["step_overhead_s"]
     moe_token_layer_s: float = DEFAULTS["moe_token_layer_s"]
     linear_prefill_token_layer_s: float = DEFAULTS["linear_prefill_token_layer_s"]
+    triton_decode_token_layer_s: float = DEFAULTS["triton_decode_token_layer_s"]
+    triton_decode_kv_token_layer_s: float = DEFAULTS["triton_decode_kv_token_layer_s"]
     link_efficiency: float = DEFAULTS["link_efficiency"]
     allreduce_latency_s: float = DEFAULTS["allreduce_latency_s"]
     request_cpu_s: float = DEFAULTS["request_cpu_s"]
@@ -287,6 +310,8 @@ class ModelCost:
     cuda_graph_max_bs: int = 0  # decode batches up to this replay a CUDA graph (0: graphs off)
     prefill_cuda_graph: bool = False  # prefill runs in a (breakable) CUDA graph
     fp8: bool = False  # FP8 linear layers (block-quantized checkpoint): activation quantization per GEMM
+    num_full_attention_layers: int = 0
+    triton_decode: bool = False  # decode attention runs SGLang's Triton split-KV kernel
 
     @staticmethod
     def from_model(model, gpu, plan, args=None) -> "ModelCost":
@@ -350,6 +375,8 @@ class ModelCost:
             cuda_graph_max_bs=max_bs,
             prefill_cuda_graph=prefill_graph,
             fp8=quant_fp8,
+            num_full_attention_layers=full_layers,
+            triton_decode=getattr(plan, "attention_backend", None) == "triton",
         )
 
 
@@ -419,9 +446,13 @@ class AnalyticStepTime:
             a2a_bytes = tokens * c.top_k * c.hidden_size * 2 * (c.ep - 1) / c.ep
             moe += 2 * c.num_moe_layers * a2a_bytes / link  # dispatch + combine
         linear = c.num_linear_layers * prefill_tokens * k.linear_prefill_token_layer_s
+        triton = 0.0
+        if c.triton_decode and decode_tokens:
+            triton = c.num_full_attention_layers * (pairs_decode / decode_tokens * k.triton_decode_token_layer_s
+                                                    + pairs_decode * k.triton_decode_kv_token_layer_s)
         comm = 0.0
         if c.tp > 1:
             msg = tokens * c.hidden_size * 2
             per_allreduce = 2 * (c.tp - 1) / c.tp * msg / link + k.allreduce_latency_s
             comm = 2 * c.num_layers * per_allreduce
-        return max(compute, memory) + launch + moe + linear + comm + k.step_overhead_s
+        return max(compute, memory) + triton + launch + moe + linear + comm + k.step_overhead_s

@@ -145,7 +145,7 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert sorted(rep["each"][0]["coefficients"]) == sorted(rec["fit"]["fitted"])
     assert "two runs agree: yes" in res.output
     assert rec["pool_check"]["mismatches"] == 0
-    assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 40  # 47 at the shipped defaults
+    assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 40  # 42 at the shipped defaults
     assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
     assert rec["layers"]["run"] == [0, 1, 3]
     for key in ("device", "date", "commit", "model", "server_args", "coefficients", "wall_s"):
@@ -156,20 +156,19 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     fit = rec["fit"]
     assert fit["arch"] == "sm90" and fit["fitted"] == [
         "hbm_efficiency_sm90",  # decode steps are memory bound
+        "mfu_sm90",  # the few prefills are compute bound at the refit step overhead (3.2 ms, tpot12)
         "eager_layer_s_sm90",  # a constant on prefill steps only
         "step_overhead_s",  # a constant on every step
         "linear_prefill_token_layer_s",  # the KDA scan per prefill token
     ]
     fixed = {n: why for n, why in fit["fixed"].items() if not n.endswith(("_sm80", "_sm89", "_sm100", "_gfx942"))}
     assert {n: why.split(" ")[0] for n, why in fixed.items()} == {
-        # with the refit step overhead (4 ms, 2026-12-01) this trace batches into ~47 steps whose few prefills are
-        # compute bound at the start but memory bound at the fitted values: mfu_sm90 loses its effect there
-        "mfu_sm90": "no",
         "moe_gemm_efficiency": "collinear",  # the expert share of a prefill's flops is the same on every prefill
         # (attention pairs are a negligible part at these lengths): moves predictions only as mfu_sm90 does
         "graph_layer_s_sm90": "collinear",  # a constant on decode steps = step_overhead_s less the eager constant
         "fp8_layer_s_sm90": "no",  # bf16 checkpoint: no effect
         "moe_token_layer_s": "no",  # 1e-10 s per token and layer: < 0.01 % of any step
+        "triton_decode_token_layer_s": "no", "triton_decode_kv_token_layer_s": "no",  # H200: not the Triton backend
         "link_efficiency": "no", "allreduce_latency_s": "no",  # tp 1, ep 1
         "request_cpu_s": "a",  # a per-request delay, not step time
     }
@@ -178,13 +177,16 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert list(rec["coefficients"]) == ["hbm_efficiency_sm90", "mfu_sm90", "moe_gemm_efficiency",
                                          "graph_layer_s_sm90", "eager_layer_s_sm90", "fp8_layer_s_sm90",
                                          "step_overhead_s", "moe_token_layer_s", "linear_prefill_token_layer_s",
+                                         "triton_decode_token_layer_s", "triton_decode_kv_token_layer_s",
                                          "link_efficiency", "allreduce_latency_s"]
     truth = rec["synthetic_timer"]["coefficients"]
     assert truth["eager_layer_s_sm90"] == pytest.approx(150e-6 * 1.6)  # third resolvable: factor 1.6
     assert truth["linear_prefill_token_layer_s"] == pytest.approx(1e-6 / 1.4)  # x1.4 leaves the bounds: / 1.4
     assert truth["graph_layer_s_sm90"] == 20e-6  # not resolvable here: not moved
     assert sorted(fit["recovery"]) == sorted(fit["fitted"]) and fit["at_bound"] == []
-    assert all(abs(err) < 0.05 for err in fit["recovery"].values())
+    # the KDA scan shares the few prefill steps with mfu_sm90 (fitted since the tpot12 refit): recovered within 8 %
+    assert all(abs(err) < (0.08 if n == "linear_prefill_token_layer_s" else 0.05)
+               for n, err in fit["recovery"].items()), sorted(fit["recovery"].items())
     assert rec["fit"]["mape_heldout"] <= 0.04 < rec["fit"]["before"]["mape_heldout"]
     steps = (out / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("step,kind,batch_size") and len(steps) == rec["replay"]["measured"] + 1

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -54,3 +55,18 @@ def test_warm_server_cache_hits_follow_the_seeded_draws():
     assert c16.cached[10] == min(int(short_lens[10]), int(long_lens[10]) - 1)
     alone = cases["dsr1-h200-r1k1k-c4-ix0512"]  # InferenceX: no known sequence, only its warm-up's prompt 0
     assert alone.sequence == "" and alone.cached[1:] == [0] * (len(alone.cached) - 1)
+
+
+def test_a_server_flag_quoted_once_applies_to_every_case_of_its_sequence():
+    ta = _time_accuracy()
+    rows = [{"case_id": "a", "notes": "server --attention-backend triton --tp 1"}, {"case_id": "b", "notes": "x"},
+            {"case_id": "c", "notes": "--mem-fraction-static 0.8"}]
+    assert ta.shared_server_flags(rows, {"s": ["a", "b"]}) == {"a": {"attention_backend": "triton"},
+                                                               "b": {"attention_backend": "triton"}}
+    conflict = rows + [{"case_id": "d", "notes": "--attention-backend flashinfer"}]
+    with pytest.raises(ValueError, match="sequence s quotes attention_backend"):  # one server, one backend
+        ta.shared_server_flags(conflict, {"s": ["a", "d"]})
+    # the published GLM-4.7-Flash page: one triton server for all nine runs
+    cases, _ = ta.load_cases()
+    glm = [c for c in cases if c.id.startswith("glm47flash-b200-r")]
+    assert len(glm) == 9 and all(c.args.attention_backend == "triton" and c.cost.triton_decode for c in glm)

@@ -242,3 +242,23 @@ def test_a_calibration_stopped_before_its_fit_is_named_as_such(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a poolsim calibration file"):
         Coefficients.from_calibration(path)
+
+
+def test_triton_decode_attention_costs_the_mean_sequence_length_per_full_attention_layer():
+    c = cost("glm-4.7-flash", "B200", attention_backend="triton")
+    assert c.triton_decode and c.num_full_attention_layers == 47
+    assert not cost("glm-4.7-flash", "B200").triton_decode  # SGLang's default backend there is not Triton
+    slow = replace(K, triton_decode_token_layer_s=30e-9)
+    base = AnalyticStepTime(c, replace(K, triton_decode_token_layer_s=10e-9))
+    # decode: 47 MLA layers x mean length (1,000 + 3,000) / 2 = 2,000 tokens x 20 ns
+    assert AnalyticStepTime(c, slow)(decode_batch([1000, 3000])) - base(decode_batch([1000, 3000])) \
+        == pytest.approx(47 * 2000 * 20e-9, rel=1e-9)
+    # a prefill step pays none of it, nor does another backend
+    assert AnalyticStepTime(c, slow)(prefill_batch([0], [512])) == base(prefill_batch([0], [512]))
+    other = replace(c, triton_decode=False)
+    assert AnalyticStepTime(other, slow)(decode_batch([1000, 3000])) == AnalyticStepTime(other, K)(
+        decode_batch([1000, 3000]))
+    # a full batch: the kernel's rate on the batch's KV tokens, 47 layers x (1,000 + 3,000) tokens x 1 ns
+    kv = AnalyticStepTime(c, replace(K, triton_decode_kv_token_layer_s=2e-9))(decode_batch([1000, 3000]))
+    assert kv - AnalyticStepTime(c, replace(K, triton_decode_kv_token_layer_s=1e-9))(decode_batch([1000, 3000])) \
+        == pytest.approx(47 * 4000 * 1e-9, rel=1e-9)
