@@ -290,7 +290,7 @@ def _pool_story(summary: dict) -> str:
         when = pool.get("first_exhausted_s")
         parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {peak:.0%}."
                      if when is not None else
-                     f"{name[0].upper() + name[1:]} bind first: peak {peak:.0%} ({1 - peak:.0%} headroom).")
+                     f"No pool ran out; the fullest: {name}, peak {peak:.0%} ({1 - peak:.0%} headroom).")
     return " ".join(parts)
 
 
