@@ -1068,7 +1068,9 @@ def calibrate(
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True,
                   repeat)
     f = rec["fit"]
-    typer.echo(f"fit: {', '.join(f['fitted']) or f.get('note') or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
+    se = f.get("rel_se") or {}
+    fitted = ", ".join(f"{n} (+-{se[n]:.1%})" if n in se else n for n in f["fitted"])
+    typer.echo(f"fit: {fitted or f.get('note') or 'nothing identifiable'}; MAPE train {f['mape_train']:.2%}, "
                f"held-out {f['mape_heldout']:.2%} (before: {f['before']['mape_heldout']:.2%}); "
                f"pool check {rec['pool_check']['steps']} steps, {rec['pool_check']['mismatches']} mismatches; "
                f"{rec['wall_s']:.1f} s")

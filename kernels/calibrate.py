@@ -89,6 +89,9 @@ class FitResult:
     fitted: list[str]  # identifiable: moved by the data
     fixed: dict[str, str]  # every other coefficient (kept at its starting value) and why
     iterations: int
+    # relative standard error of each fitted coefficient (the fit is in log space, so the log's standard error):
+    # how precisely these steps pin it, from the residual variance and the sensitivities at the solution
+    rel_se: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def identifiable(J: np.ndarray, names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -166,7 +169,22 @@ def fit(cost, shapes, measured, start=None, train=None, max_iter: int = 60, roun
         it += n_it
     fixed.update(unresolved)
     result = dataclasses.replace(result, **{n: getattr(start, n) for n in unresolved})
-    return FitResult(result, active, {n: fixed[n] for n in step_time.Coefficients.names() if n in fixed}, it)
+    return FitResult(result, active, {n: fixed[n] for n in step_time.Coefficients.names() if n in fixed}, it,
+                     standard_errors(cost, sub, logm, result, active))
+
+
+def standard_errors(cost, shapes, logm, k, names) -> dict[str, float]:
+    """Least-squares standard errors of the log coefficients: ``sqrt(diag(s^2 (J^T J)^-1))`` with ``J`` the
+    sensitivities d log t / d log c at ``k`` and ``s^2`` the residual variance over n - p degrees of freedom. A
+    coefficient the steps pin only together with another (a few prefills shared by two prefill terms) shows a
+    large one even when the fit is good."""
+    if not names or len(shapes) <= len(names):
+        return {}
+    J = sensitivity(cost, shapes, k, names)
+    r = np.log(predict(cost, k, shapes)) - logm
+    s2 = float(r @ r) / (len(shapes) - len(names))
+    cov = s2 * np.linalg.pinv(J.T @ J)
+    return {n: float(np.sqrt(max(cov[i, i], 0.0))) for i, n in enumerate(names)}
 
 
 def _residual(cost, shapes, logm, start, names, x):
@@ -493,7 +511,7 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
         coeffs = result.coefficients
         bounds = fit_bounds()
         fit_info = {"arch": cost.arch, "fitted": result.fitted, "fixed": result.fixed, "iterations": result.iterations,
-                    "start": dataclasses.asdict(start),
+                    "rel_se": result.rel_se, "start": dataclasses.asdict(start),
                     # the data pushes these to a FIT_BOUNDS edge: the model does not fit these steps there
                     "at_bound": [n for n in result.fitted if getattr(coeffs, n) in bounds[n]]}
     else:
@@ -579,7 +597,8 @@ def report_text(record: dict) -> str:
               f"({pct(e2e['error'])})", "", f"coefficients ({f.get('arch', '-')} and architecture-independent): "
               + ", ".join(f"{k} {v:.4g}" for k, v in record["coefficients"].items()
                           if arch_of(k) in (None, f.get("arch"))),
-              f"fitted ({f.get('arch', '-')}): {', '.join(f['fitted']) or '-'}", ""]
+              f"fitted ({f.get('arch', '-')}, with the standard error of each): "
+              + (", ".join(f"{n} +-{f.get('rel_se', {}).get(n, float('nan')):.1%}" for n in f["fitted"]) or "-"), ""]
     here = {n: why for n, why in f.get("fixed", {}).items() if arch_of(n) in (None, f.get("arch"))}
     lines += [f"- {n} fixed: {why}" for n, why in here.items()]
     if f.get("at_bound"):

@@ -102,6 +102,10 @@ def test_fit_recovers_known_coefficients(tmp_path):
     assert all(getattr(fit.coefficients, n) == getattr(Coefficients(), n) for n in fit.fixed)
     for name in fit.fitted:
         assert abs(getattr(fit.coefficients, name) / getattr(truth, name) - 1) < 0.05, name
+    # each fitted coefficient carries its standard error, and the truth lies within 3 of them (1 % timer noise)
+    assert sorted(fit.rel_se) == sorted(fit.fitted) and all(0 < fit.rel_se[n] < 0.05 for n in fit.fitted)
+    for name in fit.fitted:
+        assert abs(np.log(getattr(fit.coefficients, name) / getattr(truth, name))) <= 3 * fit.rel_se[name], name
     pred = cal.predict(cost, fit.coefficients, ref.shapes)
     report = cal.fit_report([s.kind for s in ref.shapes], pred, measured, held)
     assert report["mape_heldout"] <= 0.04 and report["n_heldout"] == held.sum() > 0
