@@ -524,7 +524,7 @@ class StandInForward:
         if ne:
             rows, prefix, extend = inp.ext_rows, inp.prefix_lens, inp.extend_lens
             if kernels.implementation("extend_attention", q) == "naive":  # it holds a block's scores: bound them
-                rows, prefix, extend = query_blocks(rows, prefix, extend, q.shape[1])
+                rows, prefix, extend = query_blocks(rows, prefix, extend, q.shape[1], SCORE_BLOCK_BYTES)
             parts.append(kernels.extend_attention(q[:ne], k_buf, v_buf, self.req_to_token, rows, prefix, extend,
                                                   sm_scale, kv_dtype=self.kv_dtype))
         if inp.dec_rows.numel():

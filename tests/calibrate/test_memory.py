@@ -45,3 +45,85 @@ def test_blocked_prefill_attention_equals_the_whole(max_bytes):
     whole = naive.extend_attention(q, k_buf, v_buf, table, rows, prefix, extend)
     blocked = naive.extend_attention(q, k_buf, v_buf, table, *query_blocks(rows, prefix, extend, 4, max_bytes))
     torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+
+
+def _llama_tiny_replay():
+    from kernels.replay import DeviceReplay, ReplayOptions
+    from pools.sizing import plan_memory
+    from tests.calibrate.util import server
+
+    model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=16000, context_length=4096)
+    plan = plan_memory(model, gpu, args)
+    return DeviceReplay(model, plan, ReplayOptions(device="cpu", tiny=True, layers="unit")), plan, args
+
+
+def test_memory_estimate_by_part():
+    """Llama-3.1-8B at --tiny (hidden 64, 4 q / 2 kv heads of 16, MLP 128, vocab 256, fp32 on a CPU), one layer."""
+    from kernels.replay import StepShape
+
+    replay, plan, args = _llama_tiny_replay()
+    shapes = [StepShape("extend", [100, 0], [300, 50], [], 2), StepShape("decode", [], [], [500, 20, 30], 3)]
+    est = replay.memory_estimate(args, shapes)
+    size, rows = plan.max_total_num_tokens, plan.max_running_requests
+    width = plan.max_context_len or plan.context_len
+    assert est["KV pool"] == (size + 1) * 2 * (16 + 16) * 2  # rows x kv heads x (k + v dims) x bf16, one layer
+    assert est["req_to_token and its mirror"] == 2 * (rows + 1) * width * 4
+    assert est["state pool"] == 0
+    assert est["free lists"] == 4 * 8 * size  # the list and three int64 copies of it in the step digest
+    # embed 256x64, lm_head 64x256, final norm 64, two norms 2x64, wqkv 64x(6x16 + 2x16), wo 64x64,
+    # w_gu 64x256, w_d 128x64: 69,824 fp32
+    assert est["stand-in weights"] == 69824 * 4
+    # 4 copies of 350 tokens x 256 (w_gu) fp32, logits 2 x 3 x 256, the reference attention's fp32 k and v on
+    # 4 heads x 500 context x 16, and 3 copies of the widest prefill's scores: 4 heads x 300 x 400 (under 64 MiB)
+    assert est["largest step's activations"] == (4 * 350 * 256 * 4 + 2 * 3 * 256 * 4 + 2 * 4 * 500 * 16 * 4
+                                                 + 3 * 4 * 4 * 300 * 400)
+
+
+def test_check_memory_refuses_an_estimate_over_the_available(monkeypatch):
+    from kernels import calibrate as cal
+
+    est = {"KV pool": 600 << 20, "req_to_token and its mirror": 500 << 20, "stand-in weights": 1 << 20}
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 1200 << 20)  # 0.9 x 1200 MiB < 1101 MiB
+    with pytest.raises(ValueError) as e:
+        cal.check_memory(est, "cpu")
+    msg = str(e.value)
+    assert msg.startswith("--device cpu: the replay would allocate about 1.08 GiB (KV pool 600.0 MiB, "
+                          "req_to_token and its mirror 500.0 MiB, stand-in weights 1.0 MiB) but 1.17 GiB is available")
+    assert "--max-total-tokens" in msg and "--layers" in msg and "shorter trace" in msg and "\n" not in msg
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 1300 << 20)  # 0.9 x 1300 MiB = 1170 MiB: fits
+    rec = cal.check_memory(est, "cpu")
+    assert rec["estimate_bytes"] == 1101 << 20 and rec["available_bytes"] == 1300 << 20
+    monkeypatch.setattr(cal, "available_bytes", lambda device: None)  # unreadable: not checked
+    assert cal.check_memory(est, "cpu")["available_bytes"] is None
+
+
+def test_available_bytes_on_cpu_reads_memavailable():
+    from kernels import calibrate as cal
+
+    with open("/proc/meminfo") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    assert abs(cal.available_bytes("cpu") - kb * 1024) < 2**30  # read again a moment later: within 1 GiB
+
+
+def test_calibrate_refuses_before_writing_anything(tmp_path, monkeypatch):
+    """Too little memory: one line, exit 2, no output folder; nothing was allocated on the device."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from kernels import calibrate as cal
+    from kernels import replay
+
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 10 << 20)
+    built = []
+    monkeypatch.setattr(replay, "_Server", lambda *a, **k: built.append(a))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 100}, "input_length": 200, "output_length": 4, "hash_ids": [{i}]}}\n'
+                             for i in range(3)))
+    out = tmp_path / "cal"
+    res = CliRunner().invoke(app, ["calibrate", str(trace), "--model", "llama-3.1-8b", "--gpu", "H100",
+                                   "--max-total-tokens", "16000", "--context-length", "4096", "--device", "cpu",
+                                   "--tiny", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    err = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "but 10.0 MiB is available" in err[0] and "--max-total-tokens" in err[0]
+    assert not out.exists() and built == []
