@@ -315,7 +315,8 @@ def query_blocks(rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: tor
     tokens is the request (row i, prefix ``p + a``, extend ``b - a``). Every new token's keys are already in the
     pool (``store_kv`` ran first) and reached through the same ``req_to_token`` row, so each query row attends to
     exactly the keys it did (its prefix and, causally, the tokens before it): the same output (to fp32 rounding:
-    SDPA may sum a one-row block in another order), blocks contiguous in q's order. A block holds at most ``max_bytes`` of fp32 scores (at least one query row)."""
+    SDPA may sum a one-row block in another order), blocks contiguous in q's order. A block holds at most
+    ``max_bytes`` of fp32 scores (at least one query row)."""
     out_rows, out_prefix, out_extend = [], [], []
     for r, p, e in zip(rows.tolist(), prefix_lens.tolist(), extend_lens.tolist()):
         block = max(1, max_bytes // (4 * heads * max(1, p + e)))
