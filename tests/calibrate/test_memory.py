@@ -127,3 +127,31 @@ def test_calibrate_refuses_before_writing_anything(tmp_path, monkeypatch):
     err = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "but 10.0 MiB is available" in err[0] and "--max-total-tokens" in err[0]
     assert not out.exists() and built == []
+
+
+def test_standin_prefill_feeds_the_reference_attention_query_blocks(monkeypatch):
+    """The stand-in's prefill through the reference op: with a one-block-per-row budget it passes 3 + 2 requests of
+    one new token each (prefix growing by one) and its logits equal the unblocked forward's."""
+    import kernels
+    from kernels import standin
+    from kernels.replay import CpuTimer
+    from pools.model_config import ModelConfig
+    from tests.calibrate.test_standin_fp8 import _forward
+
+    model = ModelConfig.load("llama-3.1-8b")
+    dims = standin.Dims.tiny(model)
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    prefill = standin.StepInputs(t([1, 2]), t([0, 0]), t([3, 2]), t([5, 6, 7, 11, 12]), t([]), t([]), t([]),
+                                 None, None)
+    seen, real = [], kernels.extend_attention
+
+    def spy(q, k, v, table, rows, prefix, extend, *a, **kw):
+        seen.append((rows.tolist(), prefix.tolist(), extend.tolist()))
+        return real(q, k, v, table, rows, prefix, extend, *a, **kw)
+
+    monkeypatch.setattr(kernels, "extend_attention", spy)
+    whole = _forward(model, dims, [0], "float32")[0].forward(prefill, CpuTimer("cpu"))
+    monkeypatch.setattr(standin, "SCORE_BLOCK_BYTES", 1)
+    blocked = _forward(model, dims, [0], "float32")[0].forward(prefill, CpuTimer("cpu"))
+    assert seen == [([1, 2], [0, 0], [3, 2]), ([1, 1, 1, 2, 2], [0, 1, 2, 0, 1], [1, 1, 1, 1, 1])]
+    torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
