@@ -1031,9 +1031,8 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
         if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
             # the host or device ran out, not the simulated server: say what to shrink
             _fail(RuntimeError(f"--device {device}: the replay ran out of memory ({str(e).splitlines()[0]}); its "
-                               "pools are allocated at the planned sizes and the stand-in prefill attention holds "
-                               "a prompt's scores: use a smaller pool (--max-total-tokens, --context-length) and "
-                               "shorter prompts"))
+                               "pools are allocated at the planned sizes: use a smaller pool (--max-total-tokens, "
+                               "--max-running-requests, --context-length), --layers unit or a shorter trace"))
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
     except PoolError as e:
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))

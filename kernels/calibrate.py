@@ -355,6 +355,47 @@ def git_commit() -> str | None:
         return None
 
 
+# ------------------------------------------------------------------------------------------------- device memory
+MEMORY_HEADROOM = 0.9  # of the available memory the estimate may take (the rest: the process, allocator slack)
+
+
+def available_bytes(device: str) -> int | None:
+    """Free memory on ``device``: ``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable`` of /proc/meminfo on a CPU;
+    None where it cannot be read (then nothing is checked)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(estimate: dict[str, int], device: str) -> dict:
+    """The estimate against the device's free memory; a ValueError (one line: the estimate and its largest parts,
+    what is available, what to shrink) when it exceeds MEMORY_HEADROOM of it. Returns what is recorded."""
+    total, available = sum(estimate.values()), available_bytes(device)
+    record = {"estimate_bytes": total, "parts_bytes": dict(estimate), "available_bytes": available,
+              "headroom": MEMORY_HEADROOM}
+    if available is not None and total > MEMORY_HEADROOM * available:
+        parts = ", ".join(f"{name} {_gib(n)}" for name, n in sorted(estimate.items(), key=lambda kv: -kv[1])[:3])
+        raise ValueError(f"--device {device}: the replay would allocate about {_gib(total)} ({parts}) but "
+                         f"{_gib(available)} is available; shrink it: --max-total-tokens (the KV pool, its free "
+                         "lists), --layers unit or fewer per kind (pools and weights), --max-running-requests or "
+                         "--context-length (req_to_token), or a shorter trace (the largest step)")
+    return record
+
+
 # ------------------------------------------------------------------------------------------------- output folder
 class OutputDir:
     """Files poolsim writes here, each replaced atomically; a folder holding anything else is refused."""
@@ -447,7 +488,6 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
         kinds[f"{layer.mixer}+{layer.mlp}"] += 1
     record["layers"] = {"spec": opts.layers, "run": replay.layer_ids, "model_layers": len(model.layers),
                         "per_kind": kinds, "dims": dataclasses.asdict(replay.dims)}
-    save("plan")
     log(f"plan: {plan.max_total_num_tokens:,} KV tokens, {plan.max_running_requests} rows"
         + (f", {plan.max_mamba_cache_size} state slots" if plan.max_mamba_cache_size else "")
         + f"; running layers {replay.layer_ids} of {len(model.layers)} on {info['device']}")
@@ -456,6 +496,10 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
                   runtime_overhead_gib=runtime_overhead_gib)
     ref = ReferenceRun()
     reference = simulate(trace, model, gpu, args, replay=ref, **sim_kw)
+    # what the device run will hold, known from the plan and the reference steps: refuse now, before anything is
+    # allocated or written, rather than be killed (or hit CUDA OOM) mid-run
+    record["memory"] = check_memory(replay.memory_estimate(args, ref.shapes), opts.device)
+    save("plan")
     if synthetic:  # known coefficients: those these steps can inform, moved by known factors
         truth = synthetic_truth(resolvable(cost, ref.shapes, start)[0])
         opts.synthetic = SyntheticTimer(cost, truth, noise, seed=opts.seed)

@@ -356,6 +356,33 @@ class ReplayOptions:
     synthetic: object = None  # a callable(shape) -> seconds that stands in for the measurement (CPU tests)
 
 
+ACTIVATION_COPIES = 4  # live [tokens, width] tensors of a segment: input, its norm, the projection, the activation
+
+
+class _WeightShapes:
+    """The stand-in's weights as meta tensors (shapes and dtypes, no storage): their bytes and the widest
+    projection a step's tokens pass through (the vocabulary aside: only the last tokens reach the LM head)."""
+
+    def __init__(self, model, dims, layer_ids, dtype):
+        import torch
+
+        from kernels.standin import StandInForward
+
+        class Meta(StandInForward):
+            def _w(self, *shape, scale=None):
+                return torch.empty(*shape, dtype=self.dtype, device="meta")
+
+            def _f32(self, t):
+                return t.to("meta")
+
+        f = Meta(model, dims, layer_ids, "meta", dtype)
+        tensors = [f.embed, f.lm_head, f.final_norm] + [w for ws in f.layers.values() for w in ws.values()
+                                                        if isinstance(w, torch.Tensor)]
+        self.bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.widest = max([dims.hidden] + [w.shape[-1] for ws in f.layers.values() for w in ws.values()
+                                           if isinstance(w, torch.Tensor) and w.dim() >= 2])
+
+
 class _Server:
     """One server's device-side extras: its KV buffers, the stand-in weights and a mirror req_to_token table."""
 
@@ -412,6 +439,59 @@ class DeviceReplay:
         import torch
 
         self.timer_cls = CudaTimer if torch.device(opts.device).type == "cuda" else CpuTimer
+
+    # -- before anything is allocated ------------------------------------------------------------
+    def memory_estimate(self, args, shapes: list[StepShape]) -> dict[str, int]:
+        """Bytes this replay will allocate on its device, by what holds them: per server (``args.dp_size``) its KV
+        pool at the planned size (the stand-in's per-layer shapes, the run attention layers only), the
+        req_to_token table and the kernel's mirror of it, the state pool, the KV free lists (plus the step
+        digest's int64 copies); the stand-in weights; and the largest step's activations (``shapes``: the
+        reference run's steps): ACTIVATION_COPIES of its widest projection, the logits, and where the reference
+        attention runs the gathered keys/values of the longest context and three copies of a query block's scores.
+        An estimate (allocator rounding and the kernels' small temporaries are left out), to refuse a run that
+        cannot fit before it starts rather than to be exact."""
+        import torch
+
+        import kernels
+        from kernels.standin import SCORE_BLOCK_BYTES
+        from pools.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+        from pools.mamba_pool import MambaPool
+        from sim.run import mamba_config, scheduler_config
+
+        model, plan, d, dev = self.model, self.plan, self.dims, torch.device(self.device)
+        config = scheduler_config(plan, args)
+        servers = args.dp_size
+        attn = [i for i in self.layer_ids if model.layers[i].mixer == "attention"]
+        size, page = config.max_total_num_tokens, config.page_size
+        if model.use_mla:
+            kv = MLATokenToKVPool(size, page, plan.kv_cache_dtype, d.kv_lora_rank, d.qk_rope, len(attn))
+        else:
+            kv = MHATokenToKVPool(size, page, plan.kv_cache_dtype, d.kv_heads, d.head_dim, len(attn),
+                                  v_head_dim=d.v_head_dim)
+        kv_bytes = kv.get_kv_size_bytes()
+        mamba = self.mamba_config(mamba_config(plan, args, config.enable_overlap))
+        state = MambaPool(mamba.max_mamba_cache_size, mamba.cache_params) if mamba else None
+        width = config.max_context_len or config.context_len
+        dtype = getattr(torch, model.dtype) if dev.type == "cuda" else torch.float32  # as _Server's
+        weights = _WeightShapes(model, d, self.layer_ids, dtype)
+        tokens = max((sum(s.extend_lens) + len(s.decode_seq_lens) for s in shapes), default=0)
+        reqs = max((len(s.reqs) for s in shapes), default=0)
+        context = max((p + e for s in shapes for p, e in zip(s.prefix_lens, s.extend_lens)), default=0)
+        context = max([context] + [max(s.decode_seq_lens) for s in shapes if s.decode_seq_lens])
+        act = ACTIVATION_COPIES * tokens * weights.widest * dtype.itemsize + 2 * reqs * d.vocab * dtype.itemsize
+        if attn and kernels.implementation("extend_attention", torch.empty(0, device=dev)) == "naive":
+            head_dim = max(d.head_dim, d.v_head_dim, d.mla_dim)
+            pairs = max((e * (p + e) for s in shapes for p, e in zip(s.prefix_lens, s.extend_lens)), default=0)
+            # fp32 keys and values per q head; a block's scores, their softmax and the mask
+            act += 2 * d.heads * context * head_dim * 4 + 3 * min(SCORE_BLOCK_BYTES, 4 * d.heads * pairs)
+        return {
+            "KV pool": servers * (sum(kv_bytes) if isinstance(kv_bytes, tuple) else kv_bytes),
+            "req_to_token and its mirror": servers * 2 * (config.max_running_requests + 1) * width * 4,
+            "state pool": servers * (state.conv_state_bytes() + state.ssm_state_bytes()) if state else 0,
+            "free lists": (servers + 3) * 8 * (size + (plan.swa_max_total_num_tokens or 0)),
+            "stand-in weights": servers * weights.bytes,
+            "largest step's activations": act,
+        }
 
     # -- simulate() hooks -------------------------------------------------------------------------
     def mamba_config(self, mamba):

@@ -303,6 +303,29 @@ def biased_grouped_topk(logits, bias, top_k: int, groups: int, topk_groups: int,
 
 
 Segment = tuple  # (timer label, graph-safe, fn(x) -> x)
+# Bytes of fp32 attention scores one query block of the reference prefill attention may hold. The reference
+# materialises a request's ``[Hq, extend, prefix + extend]`` scores at once (a 32k-token prompt on 4 heads: 16 GiB);
+# in query blocks its peak is bounded (the Triton kernel tiles on its own and is left whole).
+SCORE_BLOCK_BYTES = 64 << 20
+
+
+def query_blocks(rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor, heads: int,
+                 max_bytes: int = SCORE_BLOCK_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prefill requests split into query blocks, as requests of their own: block ``[a, b)`` of request i's new
+    tokens is the request (row i, prefix ``p + a``, extend ``b - a``). Every new token's keys are already in the
+    pool (``store_kv`` ran first) and reached through the same ``req_to_token`` row, so each query row attends to
+    exactly the keys it did (its prefix and, causally, the tokens before it): the same output (to fp32 rounding:
+    SDPA may sum a one-row block in another order), blocks contiguous in q's order. A block holds at most
+    ``max_bytes`` of fp32 scores (at least one query row)."""
+    out_rows, out_prefix, out_extend = [], [], []
+    for r, p, e in zip(rows.tolist(), prefix_lens.tolist(), extend_lens.tolist()):
+        block = max(1, max_bytes // (4 * heads * max(1, p + e)))
+        for a in range(0, e, block):
+            out_rows.append(r)
+            out_prefix.append(p + a)
+            out_extend.append(min(block, e - a))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=rows.device)  # noqa: E731
+    return as_t(out_rows), as_t(out_prefix), as_t(out_extend)
 
 
 class StandInForward:
@@ -500,8 +523,11 @@ class StandInForward:
         ne = inp.num_ext_tokens
         parts = []
         if ne:
-            parts.append(kernels.extend_attention(q[:ne], k_buf, v_buf, self.req_to_token, inp.ext_rows,
-                                                  inp.prefix_lens, inp.extend_lens, sm_scale, kv_dtype=self.kv_dtype))
+            rows, prefix, extend = inp.ext_rows, inp.prefix_lens, inp.extend_lens
+            if kernels.implementation("extend_attention", q) == "naive":  # it holds a block's scores: bound them
+                rows, prefix, extend = query_blocks(rows, prefix, extend, q.shape[1], SCORE_BLOCK_BYTES)
+            parts.append(kernels.extend_attention(q[:ne], k_buf, v_buf, self.req_to_token, rows, prefix, extend,
+                                                  sm_scale, kv_dtype=self.kv_dtype))
         if inp.dec_rows.numel():
             parts.append(kernels.decode_attention(q[ne:], k_buf, v_buf, self.req_to_token, inp.dec_rows,
                                                   inp.dec_seq_lens, sm_scale, k_scale=self.kv_scale,

@@ -149,6 +149,10 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
     assert sorted(rep["each"][0]["coefficients"]) == sorted(rec["fit"]["fitted"])
     assert "two runs agree: yes" in res.output
     assert rec["pool_check"]["mismatches"] == 0
+    # the up-front memory check passed: its estimate, by part, and what the host had
+    mem = rec["memory"]
+    assert mem["estimate_bytes"] == sum(mem["parts_bytes"].values()) <= 0.9 * mem["available_bytes"]
+    assert mem["parts_bytes"]["state pool"] > 0 and mem["parts_bytes"]["KV pool"] > 0
     assert rec["pool_check"]["steps"] == rec["replay"]["steps"] == rec["fit"]["n"] > 40  # 42 at the shipped defaults
     assert rec["pool_check"]["triton_steps"] == 3 and rec["pool_check"]["guard_slots"] == "untouched"
     assert rec["layers"]["run"] == [0, 1, 3]
