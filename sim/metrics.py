@@ -119,8 +119,8 @@ _NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
 
 def _column(values: tuple):
     """One column of rows as ``pd.DataFrame(rows)`` infers it: plain ints -> int64, ints and floats ->
-    float64, bools -> bool, built by numpy without pandas' per-object inference; anything else (text, a
-    missing value, a bool among ints) through pandas' own row inference, as a Series."""
+    float64, bools -> bool, text -> object, built by numpy without pandas' per-object inference; anything else
+    (a missing value, a bool among ints) through pandas' own row inference, as a Series."""
     types = set(map(type, values))
     if types <= _INT_TYPES:
         try:
@@ -131,6 +131,8 @@ def _column(values: tuple):
         return np.array(values, dtype=np.float64)
     elif types == {bool}:
         return np.array(values, dtype=np.bool_)
+    elif types == {str}:  # text: the object array pandas' str column gives back (a frame re-infers str from it)
+        return np.array(values, dtype=object)
     return pd.DataFrame(list(zip(values)), columns=["v"])["v"]
 
 
