@@ -62,10 +62,11 @@ class Table:
     def _pack(self) -> None:
         if not self._buffer:
             return
-        chunk = pd.DataFrame(self._buffer, columns=self.columns)  # pandas' own inference, chunk by chunk
+        columns = [_column(values) for values in zip(*self._buffer)]
         self._buffer = []
-        self._chunks.append([chunk[c].to_numpy() for c in self.columns])
+        self._chunks.append([c.to_numpy() if isinstance(c, pd.Series) else c for c in columns])
         if self.stream is not None:
+            chunk = pd.DataFrame(dict(zip(self.columns, columns)), columns=self.columns)
             self._write(chunk, first=len(self._chunks) == 1)
 
     def _write(self, chunk: pd.DataFrame, first: bool) -> None:
@@ -110,6 +111,29 @@ class Table:
             if stale:
                 write_table(pd.DataFrame({**data, **dropped}, columns=self.columns), self.stream, self.table_format)
         return pd.DataFrame(data, columns=keep)
+
+
+_INT_TYPES = frozenset({int, np.int64})
+_NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
+
+
+def _column(values: tuple):
+    """One column of rows as ``pd.DataFrame(rows)`` infers it: plain ints -> int64, ints and floats ->
+    float64, bools -> bool, text -> object, built by numpy without pandas' per-object inference; anything else
+    (a missing value, a bool among ints) through pandas' own row inference, as a Series."""
+    types = set(map(type, values))
+    if types <= _INT_TYPES:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:  # beyond int64: pandas decides (uint64 or object)
+            pass
+    elif types <= _NUMBER_TYPES:
+        return np.array(values, dtype=np.float64)
+    elif types == {bool}:
+        return np.array(values, dtype=np.bool_)
+    elif types == {str}:  # text: the object array pandas' str column gives back (a frame re-infers str from it)
+        return np.array(values, dtype=object)
+    return pd.DataFrame(list(zip(values)), columns=["v"])["v"]
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

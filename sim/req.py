@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from pools.req_kv import ReqKvInfo
+from traces.request import MAX_SEGMENT_LEN
 
 
 class Req:
     __slots__ = ("rid", "trace_req", "arrival_s", "origin_input_len", "target_output_len", "max_new_tokens",
                  "ignore_eos", "extra_key", "num_output", "kv", "prefix_len", "extend_end", "last_node", "lock",
                  "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
-                 "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "cached_tokens",
+                 "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "_ids", "cached_tokens",
                  "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica",
                  "tokens_not_cached", "to_finish", "abort_cause", "decode_batch_idx", "swa_branching_seqlen")
 
@@ -39,6 +40,7 @@ class Req:
         self.inflight_middle_chunks = 0
         self.num_matched_prefix_tokens = 0
         self._prompt: np.ndarray | None = None
+        self._ids: np.ndarray | None = None  # prompt + the first few output ids, grown by doubling (read-only)
         self.cached_tokens: list[int] = []  # prefix hit at each admission
         self.admission_steps: list[int] = []
         self.first_token_time: float | None = None
@@ -85,17 +87,24 @@ class Req:
         prompt = self.prompt_tokens()
         if n <= len(prompt):
             return prompt[:n]
-        return np.concatenate([prompt, self.trace_req.output_tokens(n - len(prompt))])
+        ids = self._ids
+        if ids is None or n > len(ids):  # one concatenation per doubling, not one per call (checkpoints)
+            grown = 0 if ids is None else 2 * (len(ids) - len(prompt))
+            ids = np.concatenate([prompt, self.trace_req.output_tokens(
+                max(n - len(prompt), min(max(grown, 32), MAX_SEGMENT_LEN)))])
+            ids.flags.writeable = False
+            self._ids = ids
+        return ids[:n]
 
     def drop_token_cache(self) -> None:
-        self._prompt = None
+        self._prompt = self._ids = None
 
     # ---------------------------------------------------------------- output
     def set_finish_with_abort(self, cause: str) -> None:
         """``Req.set_finish_with_abort``: the prompt becomes the single token 0 (so its prefill is one token) and
         the request finishes as an abort when that token's output lands."""
         self.origin_input_len = 1
-        self._prompt = np.zeros(1, dtype=np.int64)
+        self._prompt, self._ids = np.zeros(1, dtype=np.int64), None
         self.to_finish = cause
 
     def append_output(self) -> None:

@@ -8,6 +8,7 @@ prefixes (the ids are chained). Block ``j`` becomes the segment ``(hash_ids[j], 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 
 from traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
@@ -25,7 +26,10 @@ def looks_like(first: dict) -> bool:
 
 def block_segments(hash_ids: list[int], input_len: int) -> tuple[tuple[int, int], ...]:
     last = input_len - BLOCK_SIZE * (len(hash_ids) - 1)
-    segs = [(h if 0 <= h < NUM_SEGMENT_IDS else fold_segment_id(h), BLOCK_SIZE) for h in hash_ids]  # skip a call
+    if 0 <= min(hash_ids) and max(hash_ids) < NUM_SEGMENT_IDS:  # the usual case: pairs built at C speed
+        segs = list(zip(hash_ids, repeat(BLOCK_SIZE)))
+    else:
+        segs = [(h if 0 <= h < NUM_SEGMENT_IDS else fold_segment_id(h), BLOCK_SIZE) for h in hash_ids]
     segs[-1] = (segs[-1][0], last)
     return tuple(segs)
 

@@ -102,3 +102,20 @@ def test_a_streamed_step_table_is_not_rewritten_and_a_run_keeps_only_the_summary
     assert list(lean.steps.columns) == [c for c in STEP_COLUMNS if c in SUMMARY_STEP_COLUMNS]
     pd.testing.assert_frame_equal(lean.steps, plain.steps[list(lean.steps.columns)])
     assert json.dumps(lean.summary, default=float) == json.dumps(plain.summary, default=float)
+
+
+def test_columns_built_by_numpy_keep_pandas_dtypes():
+    """The packed chunk's columns have the dtypes pandas infers from the rows: ints and floats -> float64, numpy
+    int64 scalars with ints -> int64, a bool among ints -> object, ints past int64 -> uint64, text -> str."""
+    big = 2**63
+    data = [(1, 1, True, big, "a"), (2.5, 2, 3, 1, "b")]
+    cols = ("mixed", "np_int", "bool_int", "big", "text")
+    rows_ = [(r[0], pd.Series([r[1]]).to_numpy()[0] if i == 0 else r[1], *r[2:]) for i, r in enumerate(data)]
+    table = Table(cols)  # one chunk
+    for row in rows_:
+        table.append(row)
+    got = table.frame()
+    pd.testing.assert_frame_equal(got, pd.DataFrame(rows_, columns=list(cols)))
+    assert [str(got[c].dtype) for c in cols] == ["float64", "int64", "object", "uint64", "str"]
+    assert got["mixed"].tolist() == [1.0, 2.5] and got["big"].tolist() == [big, 1]
+    assert got["bool_int"].tolist() == [True, 3] and got["text"].tolist() == ["a", "b"]

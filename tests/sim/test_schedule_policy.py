@@ -66,3 +66,15 @@ def test_disabled_cache_turns_lpm_into_fcfs():
 
     pool, alloc = ReqToTokenPool(4, 64), TokenToKVPoolAllocator(64)
     assert SchedulePolicy("lpm", DisabledRadixCache(pool, alloc)).policy == "fcfs"
+
+
+def test_token_ids_past_the_prompt_are_prompt_then_outputs_and_read_only():
+    """Req.token_ids(n) = origin_input_ids + output_ids[:n - len(prompt)], however the cached ids grew."""
+    r = req(3, [7, 8, 9])
+    assert r.token_ids(2).tolist() == [7, 8]
+    assert r.token_ids(5).tolist() == [7, 8, 9, -3_000_001, -3_000_002]
+    assert r.token_ids(40)[-1] == -3_000_037 and len(r.token_ids(40)) == 40  # past the first 32 cached outputs
+    assert r.token_ids(4).tolist() == [7, 8, 9, -3_000_001]
+    assert not r.token_ids(5).flags.writeable
+    r.drop_token_cache()
+    assert r.token_ids(5).tolist() == [7, 8, 9, -3_000_001, -3_000_002]
