@@ -23,7 +23,7 @@ from sim.metrics import CHUNK_ROWS, Recorder
 from sim.scheduler import SchedulerConfig
 from sim.server import MambaConfig, SWAConfig, build_server
 from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
-                            calibration_source)
+                            calibration_source, prior_only_note)
 from sim.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
@@ -224,5 +224,6 @@ def _step_time(spec: str, model, gpu, plan, calibration, args=None):
         raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
     coeffs = Coefficients.from_calibration(calibration) if calibration else None
     cost = ModelCost.from_model(model, gpu, plan, args)
-    source = calibration_source(calibration, cost.arch) if calibration else f"fitted defaults; {MEASURED_ERROR}"
+    source = calibration_source(calibration, cost.arch) if calibration else \
+        f"fitted defaults; {MEASURED_ERROR}{prior_only_note(cost.arch)}"
     return AnalyticStepTime(cost, coeffs, source=source)

@@ -257,6 +257,15 @@ class Coefficients:
         return replace(Coefficients(), **{k: float(v) for k, v in coeffs.items()})
 
 
+def prior_only_note(arch: str | None) -> str:
+    """``""`` when the fitted defaults moved some coefficient of ``arch``; otherwise a clause saying its terms are
+    still the priors (no published run on that architecture was fitted), so the quoted error is not its own."""
+    names = [n for n in DEFAULTS if arch and n.endswith(f"_{arch}")]
+    if not names or any(DEFAULTS[n] != PRIORS.get(n) for n in names):
+        return ""
+    return f"; the {arch} terms are priors: no published run on {arch} was fitted (a calibration file replaces them)"
+
+
 def calibration_source(path: str | Path, arch: str | None = None) -> str:
     """How ``run`` names a calibration file: its path, and the device and date it was measured on. A file that
     ``poolsim calibrate`` fitted on another GPU architecture than the run's (``arch``) moved none of this run's

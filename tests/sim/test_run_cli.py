@@ -37,6 +37,8 @@ def test_run_writes_frames_summary_and_report(tmp_path):
     assert "time model: analytic roofline (fitted defaults; held-out median |error|" in res.output
     assert run["step_time_model"].startswith("analytic roofline (fitted defaults; held-out median |error|")
     assert "held-out median |error|" in (out / "report.html").read_text()
+    # no published H100/H200 run was fitted: the line says the sm90 terms are still the priors
+    assert "the sm90 terms are priors: no published run on sm90 was fitted" in run["step_time_model"]
 
 
 def test_run_names_the_calibration_file_it_used(tmp_path):

@@ -262,3 +262,13 @@ def test_triton_decode_attention_costs_the_mean_sequence_length_per_full_attenti
     kv = AnalyticStepTime(c, replace(K, triton_decode_kv_token_layer_s=2e-9))(decode_batch([1000, 3000]))
     assert kv - AnalyticStepTime(c, replace(K, triton_decode_kv_token_layer_s=1e-9))(decode_batch([1000, 3000])) \
         == pytest.approx(47 * 4000 * 1e-9, rel=1e-9)
+
+
+def test_prior_only_note_names_an_architecture_whose_terms_were_not_fitted():
+    from sim.step_time import DEFAULTS, PRIORS, prior_only_note
+    sm90 = [n for n in DEFAULTS if n.endswith("_sm90")]
+    assert sm90 and all(DEFAULTS[n] == PRIORS[n] for n in sm90)  # no fitted published run on H100/H200
+    assert prior_only_note("sm90") == ("; the sm90 terms are priors: no published run on sm90 was fitted "
+                                       "(a calibration file replaces them)")
+    assert DEFAULTS["hbm_efficiency_sm100"] != PRIORS["hbm_efficiency_sm100"]  # B200 runs were fitted
+    assert prior_only_note("sm100") == "" and prior_only_note(None) == ""
