@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
@@ -20,16 +21,10 @@ runner = CliRunner()
 SMALL = ["--max-total-tokens", "16000", "--context-length", "4096"]
 
 
-def _trace(path, *args):
-    res = runner.invoke(app, ["trace", "generate", str(path), *args])
-    assert res.exit_code == 0, res.output
-    return path
-
-
 @pytest.fixture(scope="module")
 def chat_trace(tmp_path_factory):
     """14 short chats (prompts 30-900 tokens, 6-16 outputs): ~90 steps, a few seconds per replay."""
-    return _trace(tmp_path_factory.mktemp("trace") / "chat.jsonl", "--sessions", "8", "--rate", "6", "--turns",
+    return generate_trace(tmp_path_factory.mktemp("trace") / "chat.jsonl", "--sessions", "8", "--rate", "6", "--turns",
                   "uniform:1,2", "--system-prompt-len", "300", "--input-len", "uniform:30,600", "--output-len",
                   "uniform:6,16", "--think-time", "0.2")
 
@@ -75,7 +70,7 @@ def test_fit_recovers_known_coefficients(tmp_path):
     from sim.step_time import Coefficients, ModelCost
     from tests.calibrate.util import load, server
 
-    trace = _trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
+    trace = generate_trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
                    "--system-prompt-len", "3000", "--input-len", "uniform:200,1500", "--output-len", "uniform:10,80")
     model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=80000, context_length=8192)
     ref = ReferenceRun()

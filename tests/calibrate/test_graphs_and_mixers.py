@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
@@ -138,11 +139,9 @@ def test_compare_runs_by_hand():
 @pytest.fixture(scope="module")
 def tiny_trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("trace") / "tiny.jsonl"
-    res = runner.invoke(app, ["trace", "generate", str(path), "--sessions", "4", "--rate", "6", "--turns", "fixed:1",
-                              "--system-prompt-len", "100", "--input-len", "uniform:30,200", "--output-len",
-                              "uniform:4,10"])
-    assert res.exit_code == 0, res.output
-    return path
+    return generate_trace(path, "--sessions", "4", "--rate", "6", "--turns", "fixed:1",
+                          "--system-prompt-len", "100", "--input-len", "uniform:30,200", "--output-len",
+                          "uniform:4,10")
 
 
 @pytest.mark.parametrize("model, extra, kinds", [

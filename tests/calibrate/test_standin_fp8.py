@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
@@ -83,8 +84,6 @@ def test_calibrate_tiny_fp8_kv(tiny_fp8_trace, tmp_path, model):
 @pytest.fixture(scope="module")
 def tiny_fp8_trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("trace") / "tiny.jsonl"
-    res = runner.invoke(app, ["trace", "generate", str(path), "--sessions", "3", "--rate", "6", "--turns", "fixed:1",
-                              "--system-prompt-len", "60", "--input-len", "uniform:20,80", "--output-len",
-                              "uniform:3,6"])
-    assert res.exit_code == 0, res.output
-    return path
+    return generate_trace(path, "--sessions", "3", "--rate", "6", "--turns", "fixed:1",
+                          "--system-prompt-len", "60", "--input-len", "uniform:20,80", "--output-len",
+                          "uniform:3,6")

@@ -1,4 +1,4 @@
-"""Build a model/GPU/server-args triple and load a trace the way the CLI does."""
+"""Build a model/GPU/server-args triple, generate a small trace and load it the way the CLI does."""
 
 
 def server(model_name, gpu_name, **flags):
@@ -13,3 +13,14 @@ def load(path):
     from traces import load_trace
 
     return load_trace(path)
+
+
+def generate_trace(path, *args):
+    """``poolsim trace generate PATH ARGS...`` through the CLI; returns ``path``."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["trace", "generate", str(path), *args])
+    assert res.exit_code == 0, res.output
+    return path

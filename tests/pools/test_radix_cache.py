@@ -330,6 +330,20 @@ def test_touch_prefix_replays_a_valid_hint_and_rewalks_a_changed_path():
     assert hint4[0] == [n, a] and hint4[2] == 9 and a.last_access_time == 20
 
 
+def _tree_nodes(tree) -> list:
+    """Every node as (id, parent id, LRU stamp, key, slots), sorted: two trees built alike compare equal."""
+    nodes, stack = [], [tree.root_node]
+    while stack:
+        n = stack.pop()
+        nodes.append((n.id, n.parent.id if n.parent else -1, n.last_access_time, as_list(n.key), as_list(n.value)))
+        stack.extend(n.children.values())
+    return sorted(nodes)
+
+
+def _leaf_heap(tree) -> list:
+    return sorted((t, i) for t, i, _ in tree._leaf_heap)
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_touch_prefix_with_hints_equals_match_prefix(page_size):
     """Two trees driven by the same inserts and evictions, refreshed by ``match_prefix`` and by
@@ -353,14 +367,7 @@ def test_touch_prefix_with_hints_equals_match_prefix(page_size):
                     hints[j] = tree.touch_prefix(lambda j=j: RadixKey(prompts[j]), hints.get(j))
                 else:
                     tree.match_prefix(RadixKey(prompts[j]))
-        nodes, stack = [], [tree.root_node]
-        while stack:
-            n = stack.pop()
-            nodes.append((n.id, n.parent.id if n.parent else -1, n.last_access_time, as_list(n.key),
-                          as_list(n.value)))
-            stack.extend(n.children.values())
-        heap = sorted((t, i) for t, i, _ in tree._leaf_heap)
-        return tree._clock, sorted(nodes), heap, as_list(alloc.free_pages)
+        return tree._clock, _tree_nodes(tree), _leaf_heap(tree), as_list(alloc.free_pages)
 
     assert run(True) == run(False)
 
@@ -379,13 +386,7 @@ def test_prompt_reinsert_along_the_path_equals_the_insert(page_size):
             tree._reinsert_prefix(last, 12)
         else:
             tree.insert(RadixKey(toks[:12]), slots[:12], prev_prefix_len=12)
-        nodes, stack = [], [tree.root_node]
-        while stack:
-            n = stack.pop()
-            nodes.append((n.id, n.parent.id if n.parent else -1, n.last_access_time, as_list(n.key),
-                          as_list(n.value)))
-            stack.extend(n.children.values())
-        return tree._clock, sorted(nodes), sorted((t, i) for t, i, _ in tree._leaf_heap)
+        return tree._clock, _tree_nodes(tree), _leaf_heap(tree)
 
     clock, nodes, _ = run(True)
     # by id: root, [0, 8), then [8, 24) keeps its id as the tail [12, 24); its new parent [8, 12) is the newest
