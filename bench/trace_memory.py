@@ -12,7 +12,7 @@ Measured (2 shared cores, 1M requests = 285,714 chat sessions, a 277 MiB file): 
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +39,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1_000_000)
     p.add_argument("--dir", default=tempfile.gettempdir())
     a = p.parse_args()
-    path = Path(a.dir) / f"bench-{os.getpid()}.jsonl"
+    work = Path(tempfile.mkdtemp(prefix="poolsim-bench-", dir=a.dir))  # a folder of our own: only it is removed
+    path = work / "trace.jsonl"
     sessions = int(a.requests / TURNS_MEAN)
     try:
         # a high session rate keeps every arrival well inside the one-year bound on trace times
@@ -50,7 +51,7 @@ def main() -> None:
         rss2, cpu2 = measure(["trace", "inspect", str(path), "--json"])
         print(f"trace inspect   the same file: max RSS {rss2:,.0f} MiB, CPU {cpu2:,.1f} s")
     finally:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
