@@ -233,17 +233,27 @@ class MambaRadixCache(RadixCache):
             seqlen = branch
         self._record_track(req, seqlen)
 
-    def track_after_decode(self, req) -> tuple[int, int] | None:
+    def decode_tracks(self, reqs) -> dict[int, tuple[int, int]]:
         """A decode forward that reaches the track grid writes the state into the next ping-pong slot, and the
         next forward writes the other one. The checkpoint exists only once the result is processed
         (``commit_decode_track``, SGLang's ``_handle_finish_state_updated_req``), one step later under overlap:
-        returns (ping-pong position, sequence length) for then, or None off the grid."""
-        kv = req.kv
-        if self.strategy != "extra_buffer" or kv.kv_committed_len % self.mamba_track_grid:
-            return None
-        position = kv.mamba_next_track_idx
-        kv.mamba_next_track_idx = self.req_to_token_pool.get_mamba_ping_pong_other_idx(position)
-        return position, kv.kv_committed_len
+        for a decode batch, ``{id(req): (ping-pong position, sequence length)}`` of the requests on the grid (none
+        unless the strategy is extra_buffer). One pass, no call per request: it runs every decode step."""
+        if self.strategy != "extra_buffer":
+            return {}
+        grid, other = self.mamba_track_grid, self.req_to_token_pool.get_mamba_ping_pong_other_idx
+        tracks = {}
+        for req in reqs:
+            kv = req.kv
+            if kv.kv_committed_len % grid == 0:
+                position = kv.mamba_next_track_idx
+                kv.mamba_next_track_idx = other(position)
+                tracks[id(req)] = (position, kv.kv_committed_len)
+        return tracks
+
+    def track_after_decode(self, req) -> tuple[int, int] | None:
+        """``decode_tracks`` for one request: its track, or None off the grid."""
+        return self.decode_tracks((req,)).get(id(req))
 
     def commit_decode_track(self, req, track: tuple[int, int]) -> None:
         """The decode's result landed: its checkpoint becomes the newest; the previous one stays named."""

@@ -105,23 +105,13 @@ class ScheduleBatch:
         if self.tree_cache.supports_swa():
             self.evict_swa()
         alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
-        tree = self.tree_cache
-        # only the extra_buffer strategy tracks decode states, and only on its grid (where track_after_decode
-        # returns a track): the grid test is made here, in the same pass, instead of one call per request
-        tracking = tree.supports_mamba() and tree.strategy == "extra_buffer"
-        grid = tree.mamba_track_grid if tracking else 0
-        track = tree.track_after_decode if tracking else None
-        tracks = {}
         seq_lens = []  # kv_committed_len + 1 before the allocation, i.e. after it; one pass over the batch
         for r in self.reqs:
             r.decode_batch_idx += 1
-            n = r.kv.kv_committed_len
-            seq_lens.append(n)
-            if grid and n % grid == 0:
-                tracks[id(r)] = track(r)
+            seq_lens.append(r.kv.kv_committed_len)
         self.decode_seq_lens = seq_lens
-        if tracking:
-            self.mamba_tracks = tracks or None
+        if self.tree_cache.supports_mamba():
+            self.mamba_tracks = self.tree_cache.decode_tracks(self.reqs) or None
 
     def evict_swa(self) -> None:
         """``maybe_evict_swa`` before a decode allocation: a request past its first decode batch (under
