@@ -405,7 +405,9 @@ class OutputDir:
         if self.path.exists():
             if not self.path.is_dir():
                 raise ValueError(f"--out {self.path}: exists and is not a folder")
-            foreign = sorted(p.name for p in self.path.iterdir() if p.name not in OUTPUT_FILES)
+            # a killed run's half-written ``.NAME.tmp`` is ours too: ``write`` replaces it
+            ours = set(OUTPUT_FILES) | {f".{n}.tmp" for n in OUTPUT_FILES}
+            foreign = sorted(p.name for p in self.path.iterdir() if p.name not in ours)
             if foreign:
                 raise ValueError(f"--out {self.path}: holds files poolsim did not write ({', '.join(foreign[:3])}); "
                                  "choose an empty or new folder")

@@ -155,3 +155,17 @@ def test_standin_prefill_feeds_the_reference_attention_query_blocks(monkeypatch)
     blocked = _forward(model, dims, [0], "float32")[0].forward(prefill, CpuTimer("cpu"))
     assert seen == [([1, 2], [0, 0], [3, 2]), ([1, 1, 1, 2, 2], [0, 1, 2, 0, 1], [1, 1, 1, 1, 1])]
     torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_output_dir_takes_back_a_killed_runs_temp_file_and_refuses_foreign_ones(tmp_path):
+    from kernels.calibrate import OutputDir
+
+    (tmp_path / "calibration.json").write_text("{}")
+    (tmp_path / ".calibration.json.tmp").write_text("half")  # what a kill between write and rename leaves
+    out = OutputDir(tmp_path)
+    out.write_text("calibration.json", '{"phase": "plan"}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]
+    (tmp_path / "notes.md").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files poolsim did not write \(notes.md\)"):
+        OutputDir(tmp_path)
+    assert (tmp_path / "notes.md").read_text() == "mine"
