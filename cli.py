@@ -100,6 +100,9 @@ SERVER_OPTIONS = {
                                                          "with the GPU forward).")),
     "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk", help="Mix prefill and decode in a "
                                               "batch when using chunked prefill.")),
+    "scheduler_recv_interval": (int, typer.Option(
+        1, "--scheduler-recv-interval", help="The interval to poll requests in scheduler: while decoding, new "
+        "requests are read every N steps.")),
     "disable_cuda_graph": (bool, typer.Option(False, "--disable-cuda-graph", help="Disable CUDA graphs (frees the "
                                               "memory their capture reserves).")),
     "disable_prefill_cuda_graph": (bool, typer.Option(

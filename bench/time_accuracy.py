@@ -24,6 +24,7 @@ these SGLang versions ran prefill without CUDA graphs):
     O     = mean output tokens (published total / N)
     t_dec = one decode step of B requests at context mean(L) + O/2
     TTFT  = request_cpu_s + mean(p) + (t_dec / 2 if B > 1: the step in flight when it arrives)
+            + (R - 1) / 2 x t_dec if B > 1 (--scheduler-recv-interval R: the socket is read every R decode steps)
             + sum over the first wave k < B of sum_{j<k} p_j / N    (the B requests sent at once queue)
     TPOT  = t_dec + (B - 1) x mean(p) / O               the other requests' prefills stall decode
     ITL   = TPOT;  E2E = TTFT + (O - 1) x TPOT;  output throughput = B x O / E2E
@@ -124,7 +125,8 @@ SERVER_FLAGS = {"--max-running-requests": ("max_running_requests", int),
                 "--mem-fraction-static": ("mem_fraction_static", float),
                 "--attention-backend": ("attention_backend", str),
                 "--kv-cache-dtype": ("kv_cache_dtype", str),
-                "--disable-radix-cache": ("disable_radix_cache", None)}
+                "--disable-radix-cache": ("disable_radix_cache", None),
+                "--scheduler-recv-interval": ("scheduler_recv_interval", int)}
 
 
 def server_flags(notes: str) -> dict:
@@ -243,7 +245,9 @@ def predict(case: Case, k: Coefficients) -> dict[str, float]:
     # the first wave: B requests sent at once queue behind each other's prefills (B of the N requests)
     wait = np.zeros(len(pre))
     wait[:b] = np.cumsum(pre[:b]) - pre[:b]
-    each = k.request_cpu_s + np.asarray(pre) + (t_dec / 2 if b > 1 else 0.0) + wait
+    # with --scheduler-recv-interval R, a request sent during decode also waits for the recv counter to reach R
+    recv = (max(case.args.scheduler_recv_interval, 1) - 1) / 2 * t_dec
+    each = k.request_cpu_s + np.asarray(pre) + (t_dec / 2 + recv if b > 1 else 0.0) + wait
     ttft = float(np.mean(each))
     tpot = t_dec + (b - 1) * t_pre / o_len
     e2e = ttft + (o_len - 1) * tpot

@@ -26,6 +26,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
+    scheduler_recv_interval: int = 1  # read new requests every N event-loop iterations while decoding
     attention_backend: str | None = None  # None: SGLang's default for the GPU (fa3 on Hopper, ...)
     disable_cuda_graph: bool = False
     disable_prefill_cuda_graph: bool = False  # prefill runs eager (--disable-prefill-cuda-graph)

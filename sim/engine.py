@@ -121,7 +121,7 @@ class Simulation:
         state = self._route(req)
         req.replica = self.replicas.index(state)
         state.scheduler.now = self.env.now
-        state.scheduler.add_request(req)
+        state.scheduler.deliver(req)
         if not state.wakeup.triggered:
             state.wakeup.succeed()
 
@@ -191,6 +191,7 @@ class Simulation:
         overlap = sched.config.enable_overlap
         while True:
             sched.now = env.now
+            sched.recv_requests()
             batch = sched.get_next_batch_to_run()
             launched = None
             if batch is not None:
@@ -221,6 +222,8 @@ class Simulation:
             if launched is None and landed is None:
                 # Idle: nothing runs and nothing landed, so nothing changes until a request arrives.
                 sched.on_idle()
+                if sched.inbox:
+                    continue  # an idle loop reads the socket on its next spin (recv_requests)
                 if self.arrivals_done.triggered:
                     if not sched.has_work():
                         return

@@ -86,6 +86,7 @@ def scheduler_config(plan: MemoryPlan, args: ServerArgs) -> SchedulerConfig:
         schedule_conservativeness=args.schedule_conservativeness,
         enable_overlap=overlap,
         enable_mixed_chunk=args.enable_mixed_chunk,
+        scheduler_recv_interval=args.scheduler_recv_interval,
     )
 
 

@@ -37,6 +37,7 @@ class SchedulerConfig:
     schedule_conservativeness: float = 1.0
     enable_overlap: bool = True
     enable_mixed_chunk: bool = False
+    scheduler_recv_interval: int = 1  # --scheduler-recv-interval: <= 1 reads the socket every iteration
 
     def __post_init__(self):
         if self.max_total_num_tokens % self.page_size:
@@ -73,6 +74,8 @@ class Scheduler:
         self.policy = SchedulePolicy(config.schedule_policy, tree_cache)
         self.new_token_ratio = NewTokenRatioTracker(config.schedule_conservativeness)
         self.waiting_queue: list = []
+        self.inbox: list = []  # delivered, not yet read by recv_requests (--scheduler-recv-interval > 1)
+        self._recv_counter = 0
         self.running_batch = ScheduleBatch([], tree_cache, req_to_token_pool)
         self.chunked_req = None
         self.last_batch: ScheduleBatch | None = None
@@ -90,6 +93,34 @@ class Scheduler:
         self._filtered_at: tuple | None = None  # (running batch, num_finished) when it last dropped finished ones
 
     # ---------------------------------------------------------------- intake
+    def deliver(self, req) -> None:
+        """A request reaches the scheduler's socket: queued at once, or, with --scheduler-recv-interval > 1,
+        at the next ``recv_requests`` that reads the socket."""
+        if self.config.scheduler_recv_interval > 1:
+            self.inbox.append(req)
+        else:
+            self.add_request(req)
+
+    def recv_requests(self) -> None:
+        """The top of each event-loop iteration. With --scheduler-recv-interval N > 1, SGLang's
+        SchedulerRecvSkipper (managers/scheduler_components/recv_skipper.py:58-70) adds the last batch's weight
+        to a counter (decode 1, extend/mixed 1000: environ.py:675-678) and reads the socket only when the
+        counter reaches N, which resets it; so while decoding a new request waits up to N steps. Without a last
+        batch the weight is 1 too, but an idle loop spins in no time: it reads at once."""
+        if self.config.scheduler_recv_interval <= 1:
+            return
+        last = self.last_batch
+        if last is None:
+            self._recv_counter = self.config.scheduler_recv_interval
+        else:
+            self._recv_counter += 1 if last.forward_mode == "decode" else 1000
+        if self._recv_counter < self.config.scheduler_recv_interval:
+            return
+        self._recv_counter = 0
+        for req in self.inbox:
+            self.add_request(req)
+        self.inbox.clear()
+
     def add_request(self, req) -> bool:
         """Validate and queue a request (``_handle_generate_request``); False if it will finish as an abort.
 
@@ -360,4 +391,4 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting_queue) or not self.running_batch.is_empty() or self.chunked_req is not None \
-            or bool(self.result_queue)
+            or bool(self.result_queue) or bool(self.inbox)

@@ -141,7 +141,7 @@ DEFAULTS = {
     "allreduce_latency_s": 8e-06,  # prior
     "request_cpu_s": 0.08163,
 }
-MEASURED_ERROR = ('held-out median |error| 10% throughput, 20% TTFT (median TTFT 21%), 13% TPOT (full simulation '
+MEASURED_ERROR = ('held-out median |error| 10% throughput, 19% TTFT (median TTFT 21%), 13% TPOT (full simulation '
                   'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md)')
 # END FITTED DEFAULTS
 

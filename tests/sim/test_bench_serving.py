@@ -187,3 +187,19 @@ def test_back_to_back_random_runs_share_prompts_through_the_cache():
     # rids: run 1's warm-up 0, prompts 1-2; run 2's warm-up 3, prompts 4-6
     assert r.loc[[1, 2], "cached_tokens_first"].tolist() == [49, 0]
     assert r.loc[[4, 5, 6], "cached_tokens_first"].tolist() == [79, 50, 0]
+
+
+@pytest.mark.parametrize("interval, ttft_ms", [(1, 15), (4, 35)])
+def test_scheduler_recv_interval_holds_new_requests_while_decoding(interval, ttft_ms):
+    """r0 (10 output tokens) prefills [0, 10 ms] and decodes from 10 ms; r1 arrives at 25 ms. Every step polls the
+    socket: r1 is read at 30 ms and prefilled [30, 40]. With --scheduler-recv-interval 4 (SGLang's recv skipper:
+    +1000 after an extend step, +1 after a decode step, read at >= 4): read at 0 ms (idle) and after r0's prefill
+    (10 ms), then the counter is 1, 2, 3 at 20, 30, 40 ms and reaches 4 at 50 ms: r1 prefills [50, 60]."""
+    long = Request(rid=0, arrival_s=0.0, input_len=100, output_len=10, max_new_tokens=10, ignore_eos=True,
+                   segments=((1000, 100),))
+    res = simulate([long, req(1, 0.025)], ModelConfig.load("llama-3.1-8b"), get_gpu("H100"),
+                   ServerArgs(disable_overlap_schedule=True, scheduler_recv_interval=interval), step_time="fixed:10")
+    r = res.requests.set_index("rid")
+    assert r.loc[1, "ttft_s"] == pytest.approx(ttft_ms / 1e3)
+    # r0 loses one decode step to r1's prefill either way: 1 prefill + 9 decode + 1 paused step
+    assert r.loc[0, "finish_s"] == pytest.approx(0.11)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pools.gpu_catalog import get_gpu
 from pools.model_config import ModelConfig
@@ -69,7 +70,32 @@ def test_the_replay_reads_the_server_flags_and_client_lengths_a_row_quotes():
                                       "attention_backend": "flashinfer", "kv_cache_dtype": "fp8_e4m3",
                                       "disable_radix_cache": True}
     assert ta.server_flags("--disable-radix-cache-extra 1") == {}  # a longer flag name is not the switch
+    # the InferenceX B200 recipes poll the socket every 10 or 30 decode steps (SchedulerRecvSkipper)
+    assert ta.server_flags("--cuda-graph-max-bs 128 --scheduler-recv-interval 30 --ep-size 1") == {
+        "scheduler_recv_interval": 30}
     assert ta.client_flag({"notes": "--num-warmups 8"}, "--warmup-requests", 1) == 8.0
     assert ta.client_flag({"notes": ""}, "--warmup-requests", 1) == 1
     # lengths uniform on [int(1024 * 0.8), 1024] = [819, 1024]: mean 921.5; ratio 0: [1, 1024]
     assert ta.drawn_mean(1024, 0.8) == 921.5 and ta.drawn_mean(1024, 0.0) == 512.5
+
+
+def test_the_steady_state_ttft_waits_for_the_recv_interval():
+    """dsr1-b200-tp8-r1k1k-c16-ix0512 runs with --scheduler-recv-interval 30: a request sent during decode waits, on
+    average, (30 - 1) / 2 = 14.5 more decode steps of the 16-request batch before the scheduler reads it; a C=1
+    run is read by an idle loop at once."""
+    ta = _time_accuracy()
+    from dataclasses import replace
+
+    from sim.step_time import AnalyticStepTime, Coefficients
+    cases = {c.id: c for c in ta.load_cases()[0]}
+    k = Coefficients()
+    case = cases["dsr1-b200-tp8-r1k1k-c16-ix0512"]
+    assert case.args.scheduler_recv_interval == 30
+    polled = replace(case, args=case.args.replace(scheduler_recv_interval=1))
+    ctx = int(np.mean(case.input_lens) + ta.drawn_mean(1024, 0.8) / 2)  # no token totals: the drawn mean output
+    t_dec = AnalyticStepTime(case.cost, k).time_of(0, 16, 0, 16 * ctx, 16 * ctx, 16)
+    ttft, ttft_polled = ta.predict(case, k)["mean_ttft_ms"], ta.predict(polled, k)["mean_ttft_ms"]
+    assert ttft - ttft_polled == pytest.approx(14.5 * t_dec * 1e3, rel=1e-9)
+    alone = cases["dsr1-b200-tp8-r1k1k-c1-ix0512"]
+    assert alone.args.scheduler_recv_interval == 10
+    assert ta.predict(alone, k) == ta.predict(replace(alone, args=alone.args.replace(scheduler_recv_interval=1)), k)
