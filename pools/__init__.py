@@ -1,9 +1,5 @@
 """SGLang 0.5.23's memory machinery, one class per SGLang concept, over numpy (simulation) or torch (device)."""
 
-from pools._pure_python import install_if_asked
-
-install_if_asked()  # POOLSIM_PURE_PYTHON=1: the .py sources, not the compiled modules
-
 from pools.allocator import MambaSlotAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, PoolError
 from pools.kv_cache import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool

@@ -14,8 +14,6 @@ that still fails raises ``OutOfMemoryError`` (SGLang's ``RuntimeError("Out of me
 
 from __future__ import annotations
 
-from pools.req_kv import ReqKvInfo
-
 from operator import attrgetter
 
 import numpy as np
@@ -139,7 +137,7 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    kvs: list[ReqKvInfo] = list(map(_KV, reqs))  # attribute reads at C speed: this runs for every request on every decode step
+    kvs = list(map(_KV, reqs))  # attribute reads at C speed: this runs for every request on every decode step
     rows = np.fromiter(map(_ROW, kvs), dtype=np.int64, count=len(kvs))
     seq_lens = np.fromiter(map(_COMMITTED, kvs), dtype=np.int64, count=len(kvs))
     if ps == 1:
@@ -168,7 +166,7 @@ def checkpoint_kv_cache(req, tree_cache) -> None:
 def release_kv_cache(req, tree_cache, checkpoint: bool) -> None:
     """Give the request's row back. With ``checkpoint`` (a finished request) the tree first keeps what
     it can key; retraction and abort pass ``checkpoint=False``: nothing is inserted."""
-    kv: ReqKvInfo = req.kv
+    kv = req.kv
     pool = tree_cache.req_to_token_pool
     if not kv.holds_kv:
         # A mamba tree may have handed the request a slot at match time (copy-on-write target).

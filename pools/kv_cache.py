@@ -95,7 +95,6 @@ class HybridLinearKVPool(KVCache):
         self.layer_id_mapping = {lid: i for i, lid in enumerate(self.full_attention_layer_ids)}
         self.mamba_pool = mamba_pool
         self.use_mla = use_mla
-        self.full_kv_pool: MLATokenToKVPool | MHATokenToKVPool
         if use_mla:
             self.full_kv_pool = MLATokenToKVPool(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim,
                                                  self.full_layer_nums, device)

@@ -7,8 +7,6 @@ per request and the row -> slot mapping.
 
 from __future__ import annotations
 
-from pools.req_kv import ReqKvInfo
-
 import numpy as np
 
 from pools.backend import get_backend
@@ -131,7 +129,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if rows is None:
             return None
         for req in reqs:
-            kv: ReqKvInfo = req.kv
+            kv = req.kv
             if kv.mamba_pool_idx is None:
                 kv.mamba_pool_idx = self._alloc_slot()
             if self.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
@@ -151,7 +149,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def free_mamba_cache(self, req, keep_idx: int | None = None) -> None:
         """Free the request's working slot and its tracking slots except ``keep_idx`` (donated)."""
-        kv: ReqKvInfo = req.kv
+        kv = req.kv
         if kv.mamba_pool_idx is None:
             raise PoolError("double free of a request's mamba slot")
         self.mamba_allocator.free([kv.mamba_pool_idx])

@@ -12,7 +12,7 @@ The arrival process is bench_serving's client: open loop (send at the trace's ti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import simpy
 
@@ -28,7 +28,7 @@ FULL_SCAN_IDS = 1 << 16  # --check: free-list ids scanned per step, at most abou
 class Launch(NamedTuple):
     """A forward step on the GPU: what runs, when, and its index."""
 
-    batch: Any  # ScheduleBatch as launched (the result processor's view)
+    batch: object  # ScheduleBatch as launched (the result processor's view)
     start: float
     end: float
     step: int
@@ -232,7 +232,7 @@ class Simulation:
     def _stamp_tokens(self, batch, end: float) -> None:
         """A request got a token in this step if its output grew (at most one token per step)."""
         for req in batch.reqs:
-            times = self.token_times.setdefault(req.rid, [])  # type: ignore[union-attr]  # only called when on
+            times = self.token_times.setdefault(req.rid, [])
             if len(times) < req.num_output:
                 times.append(end)
 
@@ -241,7 +241,7 @@ class Simulation:
             sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
-    def _record(self, state: ReplicaState, launched: Launch, scheduled: tuple) -> None:
+    def _record(self, state: ReplicaState, launched, scheduled: tuple) -> None:
         """Written after the landed result was processed: this step's own on the plain loop, the previous
         step's under overlap (reports/METRICS.md); ``scheduled``: waiting, running, available before that."""
         sched = state.scheduler
