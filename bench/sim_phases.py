@@ -1,0 +1,96 @@
+"""Benchmark (not a test): where one whole-trace simulation spends its time, by scheduler phase.
+
+Wraps the scheduler's phases (prefill preparation, decode preparation, result processing, tree checkpoints,
+the waiting-queue refresh, releases, step recording, ...) with a wall clock and runs the Mooncake trace once,
+then prints each phase's calls, seconds, share of the run and time per call. Phases nest (a finish's release
+runs inside the decode result processing), so shares do not add up to 100 %. The wrappers add ~1 us a call, so
+absolute seconds are a little high; for the profile inside a phase use a sampling profiler (py-spy).
+
+    python bench/sim_phases.py [TRACE] [--case 0|1]     # 0: Kimi-Linear-48B-A3B/H200, 1: Llama-3.1-70B tp8/H100
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim_mooncake import CASES  # noqa: E402  (the same two runs as the speed benchmark)
+
+# (module, class or None, attribute, what the phase is)
+PHASES = [
+    ("sim.schedule_batch", "ScheduleBatch", "prepare_for_extend", "prefill: rows, slots, prefix copy, tracks"),
+    ("sim.schedule_batch", "ScheduleBatch", "prepare_for_decode", "decode: one slot per request, seq lens"),
+    ("sim.scheduler", "Scheduler", "_process_decode_reqs", "decode results: append, finish (incl. releases)"),
+    ("sim.scheduler", None, "checkpoint_kv_cache", "tree insert of a chunk or a prefilled prompt"),
+    ("sim.schedule_policy", "SchedulePolicy", "calc_priority", "waiting-queue prefix refresh"),
+    ("sim.scheduler", None, "release_kv_cache", "finish: tree insert, frees"),
+    ("sim.engine", "Simulation", "_record", "one step row"),
+    ("sim.scheduler", None, "match_prefix_for_req", "admission prefix match"),
+    ("sim.scheduler", "Scheduler", "_reqs_finishing_inflight", "overlap: requests finishing in flight"),
+    ("sim.prefill_adder", "PrefillAdder", "__init__", "prefill budget from the running batch"),
+    ("sim.prefill_adder", "PrefillAdder", "add_one_req", "one admission decision"),
+    ("sim.schedule_batch", "ScheduleBatch", "check_decode_mem", "decode memory check"),
+]
+
+
+def label(cls: str | None, attr: str) -> str:
+    return f"{cls}.{attr}" if attr.startswith("__") else attr
+
+
+def instrument(stats: dict) -> None:
+    import importlib
+
+    for module, cls, attr, _ in PHASES:
+        owner = importlib.import_module(module)
+        if cls is not None:
+            owner = getattr(owner, cls)
+        inner = getattr(owner, attr)
+
+        @functools.wraps(inner)
+        def timed(*a, _inner=inner, _key=label(cls, attr), **kw):
+            t = time.perf_counter()
+            try:
+                return _inner(*a, **kw)
+            finally:
+                entry = stats[_key]
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t
+
+        setattr(owner, attr, timed)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", nargs="?", default=str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
+    ap.add_argument("--case", type=int, choices=range(len(CASES)), default=0)
+    opts = ap.parse_args(argv)
+    stats = {label(cls, attr): [0, 0.0] for _, cls, attr, _ in PHASES}
+    instrument(stats)
+    from pools.gpu_catalog import get_gpu
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+    from sim.run import simulate
+    from traces import load_trace
+
+    name, gpu, tp = CASES[opts.case]
+    trace = load_trace(opts.trace)
+    t = time.perf_counter()
+    r = simulate(trace, ModelConfig.load(name), get_gpu(gpu), ServerArgs(tp_size=tp))
+    total = time.perf_counter() - t
+    steps = r.steps
+    prefill = int((steps["kind"] != "decode").sum())
+    print(f"{name} on {gpu} tp {tp}: {len(steps):,} steps ({prefill:,} with prefill), {total:.1f} s wall")
+    print(f"{'phase':<26} {'calls':>8} {'s':>7} {'share':>6} {'us/call':>8}  what")
+    for _, cls, attr, what in PHASES:
+        n, s = stats[label(cls, attr)]
+        print(f"{label(cls, attr):<26} {n:>8,} {s:>7.2f} {s / total:>6.0%} {1e6 * s / max(n, 1):>8.1f}  {what}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
