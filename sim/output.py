@@ -145,7 +145,10 @@ class OutputLock:
             os.close(fd)
 
     def __exit__(self, *exc) -> None:
-        os.unlink(self.path)  # while still held, so nobody locks a file that is about to vanish
+        # While still held, so nobody locks a file that is about to vanish. poolsim never writes into its lock
+        # file: one with content is somebody else's file of that name, and stays.
+        if os.fstat(self.fd).st_size == 0:
+            os.unlink(self.path)
         os.close(self.fd)
         self.fd = None
 

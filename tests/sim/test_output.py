@@ -103,6 +103,16 @@ def test_a_second_writer_on_the_same_folder_gets_a_clear_error(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
 
+def test_a_file_with_the_lock_files_name_but_content_is_not_poolsims_and_stays(tmp_path):
+    out = tmp_path / "run"
+    users = tmp_path / ".run.poolsim-lock"
+    users.write_text("my notes")
+    with publish_dir(out) as tmp:
+        (tmp / "a.txt").write_text("x")
+    assert users.read_text() == "my notes"
+    assert sorted(os.listdir(tmp_path)) == [".run.poolsim-lock", "run"]
+
+
 def test_a_killed_runs_temporary_folders_are_cleaned_but_not_a_users(tmp_path):
     stale = tmp_path / ".run-abcd1234"  # what a killed run leaves: marker and half the files
     stale.mkdir()
