@@ -39,28 +39,24 @@ PHASES = [
 ]
 
 
-def label(cls: str | None, attr: str) -> str:
-    return f"{cls}.{attr}" if attr.startswith("__") else attr
-
-
-def instrument(stats: dict) -> None:
+def instrument(stats: list) -> None:
+    """Wrap each phase; ``stats[i]`` counts PHASES[i]'s calls and seconds."""
     import importlib
 
-    for module, cls, attr, _ in PHASES:
+    for i, (module, cls, attr, _) in enumerate(PHASES):
         owner = importlib.import_module(module)
         if cls is not None:
             owner = getattr(owner, cls)
         inner = getattr(owner, attr)
 
         @functools.wraps(inner)
-        def timed(*a, _inner=inner, _key=label(cls, attr), **kw):
+        def timed(*a, _inner=inner, _entry=stats[i], **kw):
             t = time.perf_counter()
             try:
                 return _inner(*a, **kw)
             finally:
-                entry = stats[_key]
-                entry[0] += 1
-                entry[1] += time.perf_counter() - t
+                _entry[0] += 1
+                _entry[1] += time.perf_counter() - t
 
         setattr(owner, attr, timed)
 
@@ -70,7 +66,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("trace", nargs="?", default=str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
     ap.add_argument("--case", type=int, choices=range(len(CASES)), default=0)
     opts = ap.parse_args(argv)
-    stats = {label(cls, attr): [0, 0.0] for _, cls, attr, _ in PHASES}
+    stats = [[0, 0.0] for _ in PHASES]
     instrument(stats)
     from pools.gpu_catalog import get_gpu
     from pools.model_config import ModelConfig
@@ -86,10 +82,9 @@ def main(argv: list[str]) -> None:
     steps = r.steps
     prefill = int((steps["kind"] != "decode").sum())
     print(f"{name} on {gpu} tp {tp}: {len(steps):,} steps ({prefill:,} with prefill), {total:.1f} s wall")
-    print(f"{'phase':<26} {'calls':>8} {'s':>7} {'share':>6} {'us/call':>8}  what")
-    for _, cls, attr, what in PHASES:
-        n, s = stats[label(cls, attr)]
-        print(f"{label(cls, attr):<26} {n:>8,} {s:>7.2f} {s / total:>6.0%} {1e6 * s / max(n, 1):>8.1f}  {what}")
+    print(f"{'phase':<40} {'calls':>8} {'s':>7} {'share':>6} {'us/call':>8}  what")
+    for (_, cls, attr, what), (n, s) in zip(PHASES, stats):
+        print(f"{(cls + '.' if cls else '') + attr:<40} {n:>8,} {s:>7.2f} {s / total:>6.0%} {1e6 * s / max(n, 1):>8.1f}  {what}")
 
 
 if __name__ == "__main__":
