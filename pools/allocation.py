@@ -20,6 +20,7 @@ import numpy as np
 
 from pools.errors import OutOfMemoryError
 from pools.radix_cache import RadixKey
+from pools.req_kv import ReqKvInfo
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _KV, _ROW, _COMMITTED = attrgetter("kv"), attrgetter("req_pool_idx"), attrgetter("kv_committed_len")
@@ -137,7 +138,7 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    kvs = list(map(_KV, reqs))  # attribute reads at C speed: this runs for every request on every decode step
+    kvs: list[ReqKvInfo] = list(map(_KV, reqs))  # attribute reads at C speed: this runs for every request on every decode step
     rows = np.fromiter(map(_ROW, kvs), dtype=np.int64, count=len(kvs))
     seq_lens = np.fromiter(map(_COMMITTED, kvs), dtype=np.int64, count=len(kvs))
     if ps == 1:
@@ -166,7 +167,7 @@ def checkpoint_kv_cache(req, tree_cache) -> None:
 def release_kv_cache(req, tree_cache, checkpoint: bool) -> None:
     """Give the request's row back. With ``checkpoint`` (a finished request) the tree first keeps what
     it can key; retraction and abort pass ``checkpoint=False``: nothing is inserted."""
-    kv = req.kv
+    kv: ReqKvInfo = req.kv
     pool = tree_cache.req_to_token_pool
     if not kv.holds_kv:
         # A mamba tree may have handed the request a slot at match time (copy-on-write target).

@@ -12,6 +12,7 @@ Slot/page 0 is never handed out: padded tokens write there.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from pools.free_list import FreeList
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
+    _free: FreeList  # set by clear()
     checks = True  # double-free and ownership checks; set_checks(False) before use skips them
 
     def __init__(self, size: int, page_size: int, need_sort: bool = False, device: str | None = None,
@@ -44,7 +46,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         return self.size // self.page_size
 
     @property
-    def free_pages(self):
+    def free_pages(self) -> Any:
         return self._free.to_array()
 
     @abc.abstractmethod
@@ -127,7 +129,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.free_group = None
 
     @property
-    def release_pages(self):
+    def release_pages(self) -> Any:
         """SGLang's name for the staged slots of the page-1 allocator."""
         return self.xp.cat(self.staged) if self.staged else self.xp.empty()
 
@@ -293,7 +295,7 @@ class MambaSlotAllocator:
         self._group = None
 
     @property
-    def free_slots(self):
+    def free_slots(self) -> Any:
         return self._free.to_array()
 
     def set_checks(self, enabled: bool) -> None:

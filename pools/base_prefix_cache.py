@@ -5,8 +5,10 @@ whether the radix cache is on."""
 from __future__ import annotations
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class BasePrefixCache:
     disable = False
     num_evicted_tokens = 0  # running total, for metrics

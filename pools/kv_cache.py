@@ -7,6 +7,8 @@ the full-attention layers only (the recurrent state lives in the ``MambaPool``).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pools.dtypes import dtype_bytes, torch_store_dtype
 from pools.errors import PoolError
 
@@ -95,6 +97,7 @@ class HybridLinearKVPool(KVCache):
         self.layer_id_mapping = {lid: i for i, lid in enumerate(self.full_attention_layer_ids)}
         self.mamba_pool = mamba_pool
         self.use_mla = use_mla
+        self.full_kv_pool: MLATokenToKVPool | MHATokenToKVPool
         if use_mla:
             self.full_kv_pool = MLATokenToKVPool(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim,
                                                  self.full_layer_nums, device)
@@ -124,8 +127,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
     (``index_key_cache.py:21-47``; index_kpool 1, no dcp). The logged "KV size" counts both.
     """
 
-    quant_block_size = 128
-    scale_bytes = 4  # one float32 scale per quant block
+    quant_block_size: ClassVar[int] = 128  # ClassVar: read off the class (pool_configurator), also when compiled
+    scale_bytes: ClassVar[int] = 4  # one float32 scale per quant block
 
     def __init__(self, size: int, page_size: int, dtype: str, kv_lora_rank: int, qk_rope_head_dim: int,
                  layer_num: int, index_head_dim: int, kv_cache_dim_bytes: int | None = None,

@@ -46,7 +46,7 @@ class MambaStateShape:
         if n_groups % tp:
             n_groups += tp - n_groups  # groups are replicated so every head shard has its group
         conv_dim = intermediate_size + 2 * n_groups * state_size
-        conv = [(_divide(conv_dim, tp, "conv_dim"), conv_kernel - 1)]
+        conv: list[tuple[int, ...]] = [(_divide(conv_dim, tp, "conv_dim"), conv_kernel - 1)]
         temporal = (_divide(num_heads, tp, "linear-attention heads"), head_dim, state_size)
         return MambaStateShape(conv=conv, temporal=temporal, kind=kind)
 

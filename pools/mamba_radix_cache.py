@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from itertools import islice
+from typing import Any
 
 from pools.errors import MambaCapacityError, PoolError
 from pools.radix_cache import MatchResult, RadixCache, TreeNode
+from pools.req_kv import ReqKvInfo
 
 FLA_CHUNK_SIZE = 64  # tokens; KDA/GDN chunked kernels' chunk, SGLang's mamba cache chunk size floor
 
@@ -59,7 +61,7 @@ class MambaRadixCache(RadixCache):
         return self.mamba_protected_size_
 
     @property
-    def mamba_allocator(self):
+    def mamba_allocator(self) -> Any:
         return self.req_to_token_pool.mamba_allocator
 
     # ------------------------------------------------------------------ match
@@ -71,7 +73,8 @@ class MambaRadixCache(RadixCache):
         if best.mamba_value is not None:
             self.mamba_lru.move_to_end(best.id)
 
-    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False) -> MatchResult:
+    def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False,
+                      **kwargs) -> MatchResult:
         result = super()._finish_match(key, values, best, best_values, full_hit)
         grid = self.mamba_checkpoint_grid
         aligned = full_hit // grid * grid
@@ -171,7 +174,7 @@ class MambaRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ request lifecycle
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool):
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         pool = self.req_to_token_pool
         if self.strategy == "no_buffer":
             if is_finished:
@@ -188,16 +191,16 @@ class MambaRadixCache(RadixCache):
                 if pool.mamba_ping_pong_track_buffer_size != 2 or prev is None or prev > up_to:
                     return 0, None, None
                 cache_len, keep = prev, pool.get_mamba_ping_pong_other_idx(keep)
-            return cache_len, kv.mamba_ping_pong_track_buffer[keep], keep
+            return cache_len, kv.mamba_ping_pong_track_buffer[keep], keep  # type: ignore[index]  # extra_buffer
         if cache_len is None:
             return 0, None, None
         new_slot = self._alloc_mamba_slot()
-        donated = kv.mamba_ping_pong_track_buffer[kv.mamba_last_track_idx]
-        kv.mamba_ping_pong_track_buffer[kv.mamba_last_track_idx] = new_slot  # keep tracking in a fresh slot
+        donated = kv.mamba_ping_pong_track_buffer[kv.mamba_last_track_idx]  # type: ignore[index]
+        kv.mamba_ping_pong_track_buffer[kv.mamba_last_track_idx] = new_slot  # type: ignore[index]  # keep tracking in a fresh slot
         return cache_len, donated, kv.mamba_last_track_idx
 
     def _cleanup_after_caching(self, req, is_finished: bool, result, mamba_value, keep_idx) -> None:
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         pool = self.req_to_token_pool
         inserted = result is not None and not result.mamba_exist
         if is_finished:
@@ -242,9 +245,9 @@ class MambaRadixCache(RadixCache):
         if self.strategy != "extra_buffer":
             return {}
         grid, other = self.mamba_track_grid, self.req_to_token_pool.get_mamba_ping_pong_other_idx
-        tracks = {}
+        tracks: dict = {}
         for req in reqs:
-            kv = req.kv
+            kv: ReqKvInfo = req.kv
             if kv.kv_committed_len % grid == 0:
                 position = kv.mamba_next_track_idx
                 kv.mamba_next_track_idx = other(position)
@@ -257,13 +260,13 @@ class MambaRadixCache(RadixCache):
 
     def commit_decode_track(self, req, track: tuple[int, int]) -> None:
         """The decode's result landed: its checkpoint becomes the newest; the previous one stays named."""
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         kv.mamba_last_track_idx = track[0]
         kv.mamba_prev_track_seqlen = kv.mamba_last_track_seqlen
         kv.mamba_last_track_seqlen = track[1]
 
     def _record_track(self, req, seqlen: int) -> None:
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         pool = self.req_to_token_pool
         kv.mamba_last_track_idx = kv.mamba_next_track_idx
         kv.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(kv.mamba_next_track_idx)

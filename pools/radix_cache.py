@@ -18,12 +18,14 @@ lookup per node and compares each node's tokens in one vectorised call, never to
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import PoolError
+from pools.req_kv import ReqKvInfo
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _BYTES_COMPARE_MAX = 8192  # tokens; see _match_len
@@ -46,18 +48,19 @@ class RadixKey:
         return self if n == len(self.token_ids) else RadixKey(self.token_ids[:n], self.extra_key)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class TreeNode:
     __slots__ = ("id", "children", "parent", "key", "value", "extra_key", "lock_ref", "last_access_time",
                  "mamba_value", "mamba_lock_ref")
 
-    def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray | None, parent: "TreeNode | None",
+    def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, parent: "TreeNode | None",
                  extra_key: str | None = None):
         self.id = node_id
         self.extra_key = extra_key
         self.children: dict = {}
         self.parent = parent
         self.key = key
-        self.value = value  # KV slot per token; None only for the root's absent value
+        self.value = value  # KV slot per token (the root's is empty)
         self.lock_ref = 0
         self.last_access_time = 0.0
         self.mamba_value: int | None = None  # state slot holding the state after this node's last token
@@ -87,6 +90,7 @@ class InsertResult(NamedTuple):
     mamba_exist: bool = False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class RadixCache(BasePrefixCache):
     """The tree cache the scheduler talks to (SGLang's ``UnifiedRadixCache``, FULL component only)."""
 
@@ -252,7 +256,7 @@ class RadixCache(BasePrefixCache):
     def _touch_match(self, best: TreeNode) -> None:
         """What a match changes besides splits: recency along the path to the node it ends on."""
         t = self._tick()
-        node = best
+        node: TreeNode | None = best
         while node is not None:
             self._touch(node, t)
             t -= 1e-5
@@ -270,7 +274,7 @@ class RadixCache(BasePrefixCache):
         chunks = []
         while node is not self.root_node:
             chunks.append(node.value)
-            node = node.parent
+            node = node.parent  # type: ignore[assignment]  # below the root a parent is set
         return np.concatenate(chunks[::-1]) if chunks else _EMPTY
 
     def _path_tail(self, node: TreeNode, start: int) -> tuple[int, np.ndarray]:
@@ -279,7 +283,7 @@ class RadixCache(BasePrefixCache):
         chunks = []
         while node is not self.root_node:
             chunks.append(node.value)
-            node = node.parent
+            node = node.parent  # type: ignore[assignment]  # below the root a parent is set
         total = sum(map(len, chunks))
         tail, covered = [], total
         for chunk in chunks:
@@ -316,7 +320,7 @@ class RadixCache(BasePrefixCache):
         if path is not None and sum(len(n.key) for n in path) == prev_prefix_len:
             for n in path:
                 self._touch(n, self._tick())
-            node, pos = from_node, prev_prefix_len
+            node, pos = from_node, prev_prefix_len  # type: ignore[assignment]  # from_node is set here
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens[pos:], extra))
             if child is None:
@@ -343,7 +347,7 @@ class RadixCache(BasePrefixCache):
         path = []
         while node is not self.root_node:
             path.append(node)
-            node = node.parent
+            node = node.parent  # type: ignore[assignment]  # below the root a parent is set
         return path[::-1]
 
     def _commit_insert(self, node: TreeNode, is_new_leaf: bool, mamba_value: int | None) -> bool:
@@ -367,6 +371,7 @@ class RadixCache(BasePrefixCache):
         child.value = child.value[split_len:]
         child.parent = new
         new.children[self._child_key(child.key, extra)] = child
+        assert parent is not None  # the root is never split
         parent.children[self._child_key(new.key, extra)] = new
         self._touch(child, self._tick())
         self._update_leaf_status(new)
@@ -383,7 +388,7 @@ class RadixCache(BasePrefixCache):
                 delta += len(node.value)
             node.lock_ref += 1
             self.evictable_leaves.discard(node)
-            node = node.parent
+            node = node.parent  # type: ignore[assignment]  # below the root a parent is set
         return delta
 
     def dec_lock_ref(self, node: TreeNode) -> int:
@@ -398,14 +403,14 @@ class RadixCache(BasePrefixCache):
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._update_leaf_status(node)
-            node = node.parent
+            node = node.parent  # type: ignore[assignment]  # below the root a parent is set
         return delta
 
-    def lock(self, node: TreeNode) -> TreeNode:
+    def lock(self, node: TreeNode) -> Any:  # the SWA tree's lock is a (node, window node) pair
         self.inc_lock_ref(node)
         return node
 
-    def unlock(self, lock: TreeNode | None) -> None:
+    def unlock(self, lock: Any) -> None:
         if lock is not None:
             self.dec_lock_ref(lock)
 
@@ -459,6 +464,7 @@ class RadixCache(BasePrefixCache):
         self.num_evicted_tokens += n
         self._release_mamba(node)
         parent = node.parent
+        assert parent is not None  # a leaf is never the root
         del parent.children[self._child_key_of(node)]
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
@@ -475,7 +481,7 @@ class RadixCache(BasePrefixCache):
         """Insert the request's ``[0, up_to)`` tokens, re-anchor its row on the tree's slots and move
         its lock to the node the insert ended on (``checkpoint_into_tree``)."""
         is_finished = req.finished()
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
         cache_len, mamba_value, keep_idx = self._prepare_for_caching(req, up_to, is_finished)
         if cache_len <= 0:

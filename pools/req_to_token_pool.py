@@ -12,6 +12,7 @@ import numpy as np
 from pools.backend import get_backend
 from pools.errors import DoubleFreeError, MambaCapacityError, PoolError
 from pools.mamba_pool import MambaCacheParams, MambaPool
+from pools.req_kv import ReqKvInfo
 
 
 class ReqToTokenPool:
@@ -129,7 +130,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if rows is None:
             return None
         for req in reqs:
-            kv = req.kv
+            kv: ReqKvInfo = req.kv
             if kv.mamba_pool_idx is None:
                 kv.mamba_pool_idx = self._alloc_slot()
             if self.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
@@ -149,7 +150,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def free_mamba_cache(self, req, keep_idx: int | None = None) -> None:
         """Free the request's working slot and its tracking slots except ``keep_idx`` (donated)."""
-        kv = req.kv
+        kv: ReqKvInfo = req.kv
         if kv.mamba_pool_idx is None:
             raise PoolError("double free of a request's mamba slot")
         self.mamba_allocator.free([kv.mamba_pool_idx])

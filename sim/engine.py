@@ -12,14 +12,13 @@ The arrival process is bench_serving's client: open loop (send at the trace's ti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import simpy
 
 from sim.metrics import Recorder
 from sim.req import Req
 from sim.scheduler import Scheduler
-
 
 FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
 FULL_SCAN_IDS = 1 << 16  # --check: free-list ids scanned per step, at most about this many on average
@@ -28,7 +27,7 @@ FULL_SCAN_IDS = 1 << 16  # --check: free-list ids scanned per step, at most abou
 class Launch(NamedTuple):
     """A forward step on the GPU: what runs, when, and its index."""
 
-    batch: object  # ScheduleBatch as launched (the result processor's view)
+    batch: Any  # ScheduleBatch as launched (the result processor's view)
     start: float
     end: float
     step: int
@@ -235,7 +234,7 @@ class Simulation:
     def _stamp_tokens(self, batch, end: float) -> None:
         """A request got a token in this step if its output grew (at most one token per step)."""
         for req in batch.reqs:
-            times = self.token_times.setdefault(req.rid, [])
+            times = self.token_times.setdefault(req.rid, [])  # type: ignore[union-attr]  # only called when on
             if len(times) < req.num_output:
                 times.append(end)
 
@@ -244,7 +243,7 @@ class Simulation:
             sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
-    def _record(self, state: ReplicaState, launched, scheduled: tuple) -> None:
+    def _record(self, state: ReplicaState, launched: Launch, scheduled: tuple) -> None:
         """Written after the landed result was processed: this step's own on the plain loop, the previous
         step's under overlap (reports/METRICS.md); ``scheduled``: waiting, running, available before that."""
         sched = state.scheduler

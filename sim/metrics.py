@@ -6,6 +6,7 @@ and one more value in the row the engine records."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -43,7 +44,7 @@ class Table:
         self.columns = list(columns)
         self.chunk_rows = chunk_rows
         self._buffer: list[tuple] = []
-        self._chunks: list[list[np.ndarray]] = []
+        self._chunks: list[list[np.ndarray | None]] = []  # None: a column already copied out
         self._len = 0
         self.stream = Path(stream) if stream is not None else None
         self.table_format = table_format
@@ -175,7 +176,7 @@ class Recorder:
         stream = Path(stream_dir) / f"steps.{table_format}" if stream_dir is not None else None
         self.steps = Table(STEP_COLUMNS, chunk_rows, stream, table_format)
         self.requests = Table(REQUEST_COLUMNS, chunk_rows)
-        self.on_done = None  # called with each finished or aborted request (the engine's client releases it)
+        self.on_done: Callable | None = None  # called with each finished or aborted request (the engine's client releases it)
 
     def on_step(self, row: tuple) -> None:
         self.steps.append(row)

@@ -10,7 +10,15 @@ Both remainders are live: locking a candidate's prefix shrinks ``evictable`` at 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.schedule_batch import ScheduleBatch
+
 from enum import Enum
+from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: kept free per request by add_one_req_ignore_eos
@@ -22,8 +30,9 @@ class AddReqResult(Enum):
     OTHER = 2
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class PrefillAdder:
-    def __init__(self, page_size: int, tree_cache, running_batch, new_token_ratio: float,
+    def __init__(self, page_size: int, tree_cache, running_batch: ScheduleBatch, new_token_ratio: float,
                  rem_input_tokens: int, rem_chunk_tokens: int | None, num_mixed_decode_tokens: int = 0):
         self.page_size = page_size
         self.tree_cache = tree_cache
@@ -31,16 +40,16 @@ class PrefillAdder:
         self.new_token_ratio = new_token_ratio
         self.rem_input_tokens = rem_input_tokens - num_mixed_decode_tokens
         self.rem_chunk_tokens = None if rem_chunk_tokens is None else rem_chunk_tokens - num_mixed_decode_tokens
-        self.total_offset = num_mixed_decode_tokens
+        self.total_offset: float = float(num_mixed_decode_tokens)  # float once running requests' reservations add
         self.current_offset = num_mixed_decode_tokens
         self.can_run_list: list = []
-        self.new_chunked_req = None
+        self.new_chunked_req: Any = None
         self.log_hit_tokens = 0
         self.log_input_tokens = 0
         self._mamba = tree_cache.supports_mamba()
         self.running_batch = running_batch
         self.req_states: list | None = None  # add_one_req_ignore_eos: (tokens_left, tokens_occupied), sorted
-        total = self.total_offset  # added one request at a time, in order: float sums depend on the order
+        total: float = self.total_offset  # added one request at a time, in order: float sums depend on the order
         for r in running_batch.reqs:
             left = r.max_new_tokens - r.num_output
             total += (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * \
@@ -98,8 +107,8 @@ class PrefillAdder:
 
     def _available_chunk_tokens(self) -> int | None:
         """The continuing chunk's size cap; a single pool must let it progress to release its KV."""
-        rem = min(self.rem_chunk_tokens, int(self.rem_total_tokens))
-        return rem if rem > 0 else self.rem_chunk_tokens
+        rem = min(self.rem_chunk_tokens, int(self.rem_total_tokens))  # type: ignore[type-var]  # set when called
+        return rem if rem > 0 else self.rem_chunk_tokens  # type: ignore[operator]
 
     def _check_prefill_budget(self, req, extend_len: int, total_tokens: int) -> tuple[bool, int | None]:
         """(admit, chunk size limit) (``PrefillBudget.check_prefill``)."""
@@ -189,11 +198,13 @@ class PrefillAdder:
         if tokens_left <= 0:
             return
         state = (tokens_left, r.origin_input_len + r.num_output)
+        states = self.req_states
+        assert states is not None  # add_one_req_ignore_eos sets it first
         if not insert_sort:
-            self.req_states.append(state)
+            states.append(state)
             return
         i = 0  # SGLang's loop leaves i at the last index when no entry is larger: it inserts before the last
-        for i in range(len(self.req_states)):
-            if tokens_left <= self.req_states[i][0]:
+        for i in range(len(states)):
+            if tokens_left <= states[i][0]:
                 break
-        self.req_states.insert(i, state)
+        states.insert(i, state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pools.req_kv import ReqKvInfo
@@ -29,10 +31,10 @@ class Req:
         self.kv = ReqKvInfo()
         self.prefix_len = 0
         self.extend_end = 0
-        self.last_node = None
-        self.lock = None
-        self.mamba_branching_seqlen = None
-        self.swa_branching_seqlen = None  # hybrid SWA: where the first checkpoint stops (see SWARadixCache)
+        self.last_node: Any = None  # a TreeNode
+        self.lock: Any = None
+        self.mamba_branching_seqlen: int | None = None
+        self.swa_branching_seqlen: int | None = None  # hybrid SWA: where the first checkpoint stops (see SWARadixCache)
         self.retraction_count = 0
         self.is_retracted = False
         self.finished_reason: str | None = None  # "length" | "stop" | "abort"

@@ -7,6 +7,8 @@ until the next decode step fits (SGLANG_SPEC.md 6.4).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pools.allocation import (
     alloc_for_decode,
     alloc_for_extend,
@@ -15,6 +17,7 @@ from pools.allocation import (
     release_kv_cache,
 )
 from pools.swa_radix_cache import SWA_EVICTION_INTERVAL
+from sim.req import Req
 
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per remaining request
 
@@ -23,19 +26,19 @@ class ScheduleBatch:
     __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
                  "cached_lens", "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool", "mamba_tracks")
 
-    def __init__(self, reqs, tree_cache, req_to_token_pool, forward_mode: str = "decode"):
-        self.reqs = list(reqs)
+    def __init__(self, reqs: list[Req], tree_cache, req_to_token_pool, forward_mode: str = "decode"):
+        self.reqs: list[Req] = list(reqs)
         self.forward_mode = forward_mode  # extend | decode | mixed
         self.batch_is_full = False
-        self.decoding_reqs = None  # decode rows riding a mixed prefill batch
+        self.decoding_reqs: list[Req] | None = None  # decode rows riding a mixed prefill batch
         self.extend_lens: list[int] = []
         self.prefix_lens: list[int] = []
         self.cached_lens: list[int] = []  # prefix hits at admission (a continuing chunk's prefix is its own)
         self.decode_seq_lens: list[int] = []
-        self.chunked_req = None
+        self.chunked_req: Any = None
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
-        self.mamba_tracks = None  # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
+        self.mamba_tracks: dict | None = None  # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
 
     def copy(self) -> "ScheduleBatch":
         """What the result processor sees: the membership and shape at launch time."""

@@ -61,7 +61,7 @@ class SchedulePolicy:
             # A request's first seqlen tokens never change while it waits, so the hint from its last
             # refresh (RadixCache.touch_prefix) stays valid for as long as its seqlen does.
             hints = {}
-            for r in reversed(waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
+            for r in waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX][::-1]:  # not reversed(): mypyc fails on it
                 seqlen, hint = self._refresh_hints.get(r, (None, None))
                 if seqlen != r.seqlen:
                     hint = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pools.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
 from sim.prefill_adder import AddReqResult, PrefillAdder
+from sim.req import Req
 from sim.schedule_batch import ScheduleBatch
 from sim.schedule_policy import SchedulePolicy
 from sim.swa_prefill_adder import SWAPrefillAdder
@@ -73,11 +74,11 @@ class Scheduler:
         self.replica = replica
         self.policy = SchedulePolicy(config.schedule_policy, tree_cache)
         self.new_token_ratio = NewTokenRatioTracker(config.schedule_conservativeness)
-        self.waiting_queue: list = []
-        self.inbox: list = []  # delivered, not yet read by recv_requests (--scheduler-recv-interval > 1)
+        self.waiting_queue: list[Req] = []
+        self.inbox: list[Req] = []  # delivered, not yet read by recv_requests (--scheduler-recv-interval > 1)
         self._recv_counter = 0
         self.running_batch = ScheduleBatch([], tree_cache, req_to_token_pool)
-        self.chunked_req = None
+        self.chunked_req: Req | None = None
         self.last_batch: ScheduleBatch | None = None
         self.result_queue: list = []  # overlap: steps launched whose result has not landed (engine.Launch)
         self.forward_ct = 0
@@ -93,7 +94,7 @@ class Scheduler:
         self._filtered_at: tuple | None = None  # (running batch, num_finished) when it last dropped finished ones
 
     # ---------------------------------------------------------------- intake
-    def deliver(self, req) -> None:
+    def deliver(self, req: Req) -> None:
         """A request reaches the scheduler's socket: queued at once, or, with --scheduler-recv-interval > 1,
         at the next ``recv_requests`` that reads the socket."""
         if self.config.scheduler_recv_interval > 1:
@@ -121,7 +122,7 @@ class Scheduler:
             self.add_request(req)
         self.inbox.clear()
 
-    def add_request(self, req) -> bool:
+    def add_request(self, req: Req) -> bool:
         """Validate and queue a request (``_handle_generate_request``); False if it will finish as an abort.
 
         ``max_new_tokens`` is clipped with the original prompt length first (``init_req_max_new_tokens``); a
@@ -137,7 +138,7 @@ class Scheduler:
         self.waiting_queue.append(req)
         return not too_long
 
-    def abort(self, req, cause: str) -> None:
+    def abort(self, req: Req, cause: str) -> None:
         """SGLang's FINISH_ABORT: the request ends now, without output, and is reported."""
         req.finished_reason, req.aborted, req.abort_cause = "abort", True, cause
         req.finish_time = self.now
@@ -148,7 +149,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
-        exclude = []
+        exclude: list = []
         if self.chunked_req is not None:
             exclude.append(self.chunked_req)
             if self.chunked_req.extend_end > self.chunked_req.prefix_len:
@@ -350,7 +351,7 @@ class Scheduler:
             else:
                 req.inflight_middle_chunks -= 1
 
-    def _process_decode_reqs(self, reqs, end_time: float, step: int, mamba_tracks=None) -> None:
+    def _process_decode_reqs(self, reqs: list[Req], end_time: float, step: int, mamba_tracks=None) -> None:
         overlap = self.config.enable_overlap
         commit = self.tree_cache.commit_decode_track if mamba_tracks else None
         for req in reqs:
@@ -362,7 +363,7 @@ class Scheduler:
             if req.finished_reason is not None:
                 self._finish(req, end_time, step)
 
-    def _finish(self, req, end_time: float, step: int) -> None:
+    def _finish(self, req: Req, end_time: float, step: int) -> None:
         owned = req.owned_kv_len()
         release_kv_cache(req, self.tree_cache, checkpoint=True)
         req.tokens_not_cached = owned - min(req.kv.cache_protected_len, owned)
