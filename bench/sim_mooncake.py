@@ -3,7 +3,8 @@ for Kimi-Linear-48B-A3B (H200, tp 1) and Llama-3.1-70B (H100, tp 8), and the sam
 copies of the trace one after the other, each with fresh segment ids so no copy shares a prefix with
 another). Each run is its own process, so its peak RSS is its own. Prints CPU and wall seconds (the trace
 load included), simulated requests and scheduler steps per CPU second, peak RSS, and hashes of the step and
-request tables (equal hashes before and after a speed change = identical outputs).
+request tables (equal hashes before and after a speed change = identical outputs), and which core ran
+(``compiled``: the mypyc build of setup.py; ``Python``: none, or POOLSIM_PURE_PYTHON=1 set to compare).
 
     python bench/sim_mooncake.py [TRACE] [--no-x4]
 """
@@ -54,10 +55,13 @@ def run_one(path: str, case: int, x4: bool) -> dict:
     r = simulate(trace, ModelConfig.load(name), get_gpu(gpu), ServerArgs(tp_size=tp))
     cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
     s = r.summary
+    from pools._pure_python import compiled_modules
+
     sha = lambda df: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()[:12]  # noqa: E731
     return {"model": name, "gpu": gpu, "tp": tp, "x4": x4, "requests": s["requests"], "steps": s["steps"],
             "cpu_s": cpu, "wall_s": wall, "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "retracted": s["retractions"], "steps_sha": sha(r.steps), "requests_sha": sha(r.requests)}
+            "retracted": s["retractions"], "steps_sha": sha(r.steps), "requests_sha": sha(r.requests),
+            "compiled": bool(compiled_modules())}
 
 
 def main(argv: list[str]) -> None:
@@ -77,7 +81,8 @@ def main(argv: list[str]) -> None:
             r = json.loads(out.strip().splitlines()[-1])
             print(f"{r['model']:<20} {r['gpu']:<4} {r['tp']:>2} {scale:>5} {r['requests']:>8,} {r['steps']:>7,} "
                   f"{r['cpu_s']:>6.1f} {r['wall_s']:>6.1f} {r['requests'] / r['cpu_s']:>9,.0f} "
-                  f"{r['steps'] / r['cpu_s']:>11,.0f} {r['rss_gib']:>7.2f} {r['retracted']:>4}  "
+                  f"{r['steps'] / r['cpu_s']:>11,.0f} {r['rss_gib']:>7.2f} {r['retracted']:>4} "
+                  f"{'compiled' if r['compiled'] else 'Python':>8}  "
                   f"{r['steps_sha']}/{r['requests_sha']}", flush=True)
 
 
