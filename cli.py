@@ -23,10 +23,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.command()
 def version() -> None:
-    """Print the poolsim version."""
+    """Print the poolsim version and which simulator core runs (compiled by pip install -e ., or pure Python)."""
     from importlib.metadata import version as _v
 
-    typer.echo(_v("poolsim"))
+    import sim.scheduler  # noqa: F401  (a compiled module when the build exists)
+    from pools._pure_python import core_description
+
+    typer.echo(f"{_v('poolsim')}, simulator core {core_description()}")
 
 
 def _print_version(value: bool) -> None:

@@ -59,14 +59,20 @@ def stale_sources(manifest: str, root: str) -> list[str]:
     return stale
 
 
+_why_sources = "no compiled build (pip install -e . compiles one where it can)"
+
+
 def install_if_asked() -> None:
     if any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
         return
+    global _why_sources
     if os.environ.get("POOLSIM_PURE_PYTHON") == "1":
+        _why_sources = "POOLSIM_PURE_PYTHON=1"
         sys.meta_path.insert(0, _SourcesFirst())
         return
     stale = stale_sources(os.path.join(_HERE, MANIFEST), _ROOT)
     if stale:
+        _why_sources = f"{stale[0]} changed since the compiled build"
         sys.stderr.write(f"poolsim: {stale[0]} differs from its compiled build"
                          f"{f' (and {len(stale) - 1} more)' if len(stale) > 1 else ''}; running the pure-Python "
                          "sources (same results, slower). Rebuild with `pip install -e .`.\n")
@@ -77,3 +83,8 @@ def compiled_modules() -> list[str]:
     """The loaded ``pools``/``sim`` modules that came from an extension (empty in a pure-Python run)."""
     return sorted(name for name, m in list(sys.modules.items())
                   if name.partition(".")[0] in PACKAGES and not (getattr(m, "__file__", None) or ".py").endswith(".py"))
+
+
+def core_description() -> str:
+    """What ``poolsim version`` says of the code that runs."""
+    return "compiled with mypyc" if compiled_modules() else f"in pure Python ({_why_sources})"

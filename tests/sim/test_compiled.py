@@ -31,6 +31,7 @@ def test_a_compiled_build_runs_its_extensions_unless_a_source_changed():
     stale = pure.stale_sources(str(MANIFEST), str(ROOT))
     expected = not stale and os.environ.get("POOLSIM_PURE_PYTHON") != "1"
     assert _compiled_here() == expected, (stale, pure.compiled_modules())
+    assert pure.core_description().startswith("compiled with mypyc" if expected else "in pure Python")
 
 
 def test_the_pure_python_fallback_gives_the_reference_outputs():
@@ -69,6 +70,7 @@ def test_stale_sources_names_each_source_whose_content_changed_since_the_build(t
 
 
 def test_a_stale_build_or_the_switch_puts_the_sources_first(monkeypatch, capsys):
+    monkeypatch.setattr(pure, "_why_sources", pure._why_sources)  # restored afterwards
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, pure._SourcesFirst)])
     monkeypatch.delenv("POOLSIM_PURE_PYTHON", raising=False)
     monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: [])
@@ -78,11 +80,12 @@ def test_a_stale_build_or_the_switch_puts_the_sources_first(monkeypatch, capsys)
     pure.install_if_asked()
     assert isinstance(sys.meta_path[0], pure._SourcesFirst)
     assert "pools/radix_cache.py differs from its compiled build (and 1 more)" in capsys.readouterr().err
+    assert pure._why_sources == "pools/radix_cache.py changed since the compiled build"  # what `poolsim version` says
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, pure._SourcesFirst)])
     monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: [])
     monkeypatch.setenv("POOLSIM_PURE_PYTHON", "1")
     pure.install_if_asked()
-    assert isinstance(sys.meta_path[0], pure._SourcesFirst)
+    assert isinstance(sys.meta_path[0], pure._SourcesFirst) and pure._why_sources == "POOLSIM_PURE_PYTHON=1"
     spec = sys.meta_path[0].find_spec("sim.req", [str(ROOT / "sim")])
     assert spec.origin == str(ROOT / "sim" / "req.py")
     assert sys.meta_path[0].find_spec("numpy.linalg", None) is None  # other packages: the standard finders
