@@ -1,10 +1,12 @@
 """Build hook: the simulator's hot modules compiled with mypyc when the build can, pure Python when it cannot.
 
 ``pip install -e .`` (or a wheel build) compiles ``COMPILED_MODULES`` into C extensions next to their sources
-(~2-4 min: mypy's type pass, then one C file through gcc). Any failure (no C compiler, no mypyc, a mypyc error)
-leaves a pure-Python install with a warning; the install itself never fails. ``POOLSIM_NO_COMPILE=1`` at install
+(about a minute: mypy's type pass, then the C files through gcc), and records each compiled source's sha256 in
+``pools/_compiled_sources.json``. Any failure (no C compiler, no mypyc, a mypyc error) leaves a pure-Python install
+with a warning (``pip install -v`` shows it); the install itself never fails. ``POOLSIM_NO_COMPILE=1`` at install
 time skips the compile. At run time the sources win over the extensions when ``POOLSIM_PURE_PYTHON=1`` or when a
-source is newer than its build (pools/_pure_python.py). Both give identical outputs (tests/sim/test_compiled.py).
+source differs from the one compiled (pools/_pure_python.py). Both give identical outputs
+(tests/sim/test_compiled.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The modules a py-spy profile of the Mooncake run spends its time in (pools/backend.py stays Python: its torch
-# backend keeps a module in an attribute, which mypyc drops). Keep in step with pools/_pure_python.py's reading
-# of which extensions exist: it finds them on disk, so this list is the only one.
+# backend keeps a module in an attribute, which mypyc drops). The manifest the build writes is the run time's
+# list of what was compiled.
 COMPILED_MODULES = [
     "pools.radix_cache", "pools.mamba_radix_cache", "pools.allocator", "pools.free_list", "pools.req_to_token_pool",
     "pools.allocation", "pools.kv_cache", "pools.mamba_pool", "pools.base_prefix_cache", "pools.no_cache",

@@ -61,7 +61,8 @@ def simulation_instructions(path: str, case: int, pure: bool) -> tuple[int, dict
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace", nargs="?", default=str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
+    default = str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")
+    parser.add_argument("trace", nargs="?", default=default)
     parser.add_argument("--requests", type=int, default=1500, help="the first N requests of the trace")
     args = parser.parse_args(argv)
     with open(args.trace) as f, tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as head:

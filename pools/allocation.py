@@ -138,7 +138,8 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    kvs: list[ReqKvInfo] = list(map(_KV, reqs))  # attribute reads at C speed: this runs for every request on every decode step
+    # attribute reads at C speed: this runs for every request on every decode step
+    kvs: list[ReqKvInfo] = list(map(_KV, reqs))
     rows = np.fromiter(map(_ROW, kvs), dtype=np.int64, count=len(kvs))
     seq_lens = np.fromiter(map(_COMMITTED, kvs), dtype=np.int64, count=len(kvs))
     if ps == 1:

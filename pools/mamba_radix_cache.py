@@ -232,7 +232,8 @@ class MambaRadixCache(RadixCache):
             return
         seqlen = prefix_len + extend_len // grid * grid
         branch = getattr(req, "mamba_branching_seqlen", None)
-        if branch is not None and prefix_len < branch < extend_end and (branch - prefix_len) % self.mamba_cache_chunk_size == 0:
+        if (branch is not None and prefix_len < branch < extend_end
+                and (branch - prefix_len) % self.mamba_cache_chunk_size == 0):
             seqlen = branch
         self._record_track(req, seqlen)
 

@@ -176,7 +176,8 @@ class Recorder:
         stream = Path(stream_dir) / f"steps.{table_format}" if stream_dir is not None else None
         self.steps = Table(STEP_COLUMNS, chunk_rows, stream, table_format)
         self.requests = Table(REQUEST_COLUMNS, chunk_rows)
-        self.on_done: Callable | None = None  # called with each finished or aborted request (the engine's client releases it)
+        # called with each finished or aborted request (the engine's client releases it)
+        self.on_done: Callable | None = None
 
     def on_step(self, row: tuple) -> None:
         self.steps.append(row)

@@ -38,7 +38,8 @@ class ScheduleBatch:
         self.chunked_req: Any = None
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
-        self.mamba_tracks: dict | None = None  # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
+        # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
+        self.mamba_tracks: dict | None = None
 
     def copy(self) -> "ScheduleBatch":
         """What the result processor sees: the membership and shape at launch time."""
