@@ -1,7 +1,8 @@
 """Instructions, not seconds: the head of the Mooncake trace under valgrind's callgrind, compiled core and pure Python.
 
-CPU seconds on a shared VM vary by 10-20 % between identical runs; an instruction count is the same for the same
-binary and inputs whatever else the machine does, so it shows a small speedup that wall clocks cannot. It is a
+CPU seconds on a shared VM vary by 10-20 % between identical runs; an instruction count does not depend on what else
+the machine does (repeat runs differ by ~0.5 % of the process total here, from address-dependent orders of
+identity-keyed sets and dicts), so it shows a small speedup that wall clocks cannot. It is a
 proxy (cache misses and branch stalls do not count), so the seconds in sim_mooncake.py stay the figure of record.
 
     python bench/sim_instructions.py [TRACE] [--requests N]     # the first N lines (1500); ~10 min in all
