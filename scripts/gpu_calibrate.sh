@@ -44,8 +44,9 @@ SERVER_FLAGS=${SERVER_FLAGS:-}  # extra server flags for both models (e.g. a sma
 DEVICE=${DEVICE:-cuda:0}
 TINY=$([ "$DEVICE" = cpu ] && echo --tiny || true)
 MAX_STEPS=${MAX_STEPS:-700}
-# pure-python packages poolsim needs beyond torch/triton/numpy (fla-core 0.6.0 pulls einops)
-WHEELS="simpy fla-core==0.6.0 einops typer click rich markdown-it-py mdurl pygments shellingham typing_extensions"
+# pure-python packages poolsim needs beyond torch/triton/numpy (fla-core 0.6.0 pulls einops; mypy_extensions:
+# the decorator the compiled build reads, imported by the pure-Python sources too)
+WHEELS="simpy fla-core==0.6.0 einops typer click rich markdown-it-py mdurl pygments shellingham typing_extensions mypy_extensions"
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
     $PY -m pip download --no-deps --only-binary=:all: -d wheels $WHEELS
