@@ -1,8 +1,9 @@
 """Build hook: the simulator's hot modules compiled with mypyc when the build can, pure Python when it cannot.
 
 ``pip install -e .`` (or a wheel build) compiles ``COMPILED_MODULES`` into C extensions next to their sources
-(about a minute: mypy's type pass, then the C files through gcc), and records each compiled source's sha256 in
-``pools/_compiled_sources.json``. Any failure (no C compiler, no mypyc, a mypyc error) leaves a pure-Python install
+(about a minute: mypy's type pass, then the C files through gcc), and records each compiled source's sha256 and
+the files it wrote in ``pools/_compiled_sources.json``; a later build removes only files such a manifest lists or that
+it wrote itself, never a file that merely has an output's name. Any failure (no C compiler, no mypyc, a mypyc error) leaves a pure-Python install
 with a warning (``pip install -v`` shows it); the install itself never fails. ``POOLSIM_NO_COMPILE=1`` at install
 time skips the compile. At run time the sources win over the extensions when ``POOLSIM_PURE_PYTHON=1`` or when a
 source differs from the one compiled (pools/_pure_python.py). Both give identical outputs
@@ -51,55 +52,66 @@ class OptionalBuildExt(build_ext):
             self.inplace = True  # an editable install imports from the source tree: the .so files go there
 
     def run(self) -> None:
+        # Fixed before building: setuptools clears ``inplace`` while it builds and, on an error, leaves it cleared.
+        self._base = self._base_dir()
+        candidates = {os.path.abspath(self.get_ext_fullpath(n)) for n in [GROUP + "__mypyc", *COMPILED_MODULES]}
+        previous = self._previous_outputs()
         if not self.extensions:  # not compiling (POOLSIM_NO_COMPILE=1, no mypyc): no earlier build may linger
-            self._remove_outputs()
+            self._remove(previous, manifest=True)
             return
+        existed = {p for p in candidates if os.path.exists(p)}
         try:
             super().run()
-            self._write_manifest()
+            written = {p for p in candidates if os.path.exists(p)}
+            self._write_manifest(written)
+            self._remove(previous - written, manifest=False)  # a module no longer compiled must not shadow its .py
         except BaseException as e:  # compiler errors surface as SystemExit or DistutilsError
             if isinstance(e, KeyboardInterrupt):
                 raise
-            self._give_up(e)
+            sys.stderr.write(WARNING.format(f"{type(e).__name__}: {e}"))
+            traceback.print_exc(file=sys.stderr)
+            # the shared library and every module's shim go together or not at all: what this build wrote and
+            # what an earlier one recorded, never a file of that name that was there before and is in no manifest
+            self._remove(previous | (candidates - existed), manifest=True)
+            self.extensions = []
+
+    def _base_dir(self) -> str:
+        """Where the extensions go: the source tree for an in-place (editable) build, else the build folder."""
+        return os.path.dirname(os.path.abspath(__file__)) if self.inplace else os.path.abspath(self.build_lib)
 
     def _manifest_path(self) -> str:
-        base = os.path.dirname(os.path.abspath(__file__)) if self.inplace else self.build_lib
-        return os.path.join(base, "pools", MANIFEST)
+        return os.path.join(self._base, "pools", MANIFEST)
 
-    def _write_manifest(self) -> None:
-        """What was compiled, by content: pools/_pure_python.py runs the sources when any of them has changed."""
+    def _previous_outputs(self) -> set[str]:
+        """The files an earlier build recorded as its own in the manifest (none without a manifest of ours)."""
+        try:
+            with open(self._manifest_path()) as f:
+                return {os.path.join(self._base, rel) for rel in json.load(f)["outputs"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def _write_manifest(self, written: set[str]) -> None:
+        """What was compiled, by content (pools/_pure_python.py runs the sources when any has changed), and the
+        files written, so that a later build removes only those."""
         here = os.path.dirname(os.path.abspath(__file__))
         digests = {}
         for module in COMPILED_MODULES:
             rel = module.replace(".", "/") + ".py"
             with open(os.path.join(here, rel), "rb") as f:
                 digests[rel] = hashlib.sha256(f.read()).hexdigest()
+        outputs = sorted(os.path.relpath(p, self._base) for p in written)
         with open(self._manifest_path(), "w") as f:
-            json.dump(digests, f, indent=1, sort_keys=True)
+            json.dump({"sources": digests, "outputs": outputs}, f, indent=1, sort_keys=True)
 
-    def _give_up(self, e: BaseException) -> None:
-        sys.stderr.write(WARNING.format(f"{type(e).__name__}: {e}"))
-        traceback.print_exc(file=sys.stderr)
-        self._remove_outputs()
-        self.extensions = []
-
-    def _remove_outputs(self) -> None:
-        """This build's own outputs, by name: the shared C library and every module's shim go together or not at
-        all, and the manifest with them."""
-        for name in [GROUP + "__mypyc", *COMPILED_MODULES]:
-            for path in (self.get_ext_fullpath(name), self._inplace_path(name)):
-                if os.path.exists(path):
-                    os.remove(path)
-        if os.path.exists(self._manifest_path()):
+    def _remove(self, paths: set[str], manifest: bool) -> None:
+        for path in paths:
+            if os.path.exists(path):
+                os.remove(path)
+        if manifest and self._previous_outputs():  # a manifest in poolsim's own format, not a stranger's file
             os.remove(self._manifest_path())
 
-    def _inplace_path(self, name: str) -> str:
-        parts = name.split(".")
-        filename = os.path.basename(self.get_ext_filename(name))
-        return os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts[:-1], filename)
-
     def get_outputs(self) -> list[str]:
-        outputs = [*super().get_outputs(), self._manifest_path()] if self.extensions else []
+        outputs = [*super().get_outputs(), os.path.join(self._base_dir(), "pools", MANIFEST)] if self.extensions else []
         return [p for p in outputs if os.path.exists(p)]
 
 

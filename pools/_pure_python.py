@@ -35,7 +35,7 @@ class _SourcesFirst:
         return None
 
 
-MANIFEST = "_compiled_sources.json"  # written by setup.py beside the extensions: {source path: sha256}
+MANIFEST = "_compiled_sources.json"  # setup.py: {"sources": {path: sha256}, "outputs": [the files it wrote]}
 
 
 def source_digest(path: str) -> str:
@@ -48,11 +48,13 @@ def stale_sources(manifest: str, root: str) -> list[str]:
     ``manifest`` records it; none when there is no manifest (no compiled build)."""
     try:
         with open(manifest) as f:
-            built = json.load(f)
+            sources = json.load(f)["sources"]
     except FileNotFoundError:
         return []
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: what was compiled cannot be checked
+        return [os.path.relpath(manifest, root)]
     stale = []
-    for rel, digest in sorted(built.items()):
+    for rel, digest in sorted(sources.items()):
         path = os.path.join(root, rel)
         if not os.path.isfile(path) or source_digest(path) != digest:
             stale.append(rel)

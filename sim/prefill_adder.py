@@ -10,15 +10,13 @@ Both remainders are live: locking a candidate's prefix shrinks ``evictable`` at 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from sim.schedule_batch import ScheduleBatch
-
-from enum import Enum
-from typing import Any
-
-from mypy_extensions import mypyc_attr
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: kept free per request by add_one_req_ignore_eos

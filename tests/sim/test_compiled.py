@@ -58,8 +58,8 @@ def test_stale_sources_names_each_source_whose_content_changed_since_the_build(t
     b.write_text("y = 2\n")
     manifest = tmp_path / "manifest.json"
     assert pure.stale_sources(str(manifest), str(tmp_path)) == []  # no manifest: nothing was compiled
-    manifest.write_text(json.dumps({"pools/a.py": pure.source_digest(str(a)),
-                                    "pools/b.py": pure.source_digest(str(b))}))
+    manifest.write_text(json.dumps({"sources": {"pools/a.py": pure.source_digest(str(a)),
+                                                "pools/b.py": pure.source_digest(str(b))}, "outputs": []}))
     assert pure.stale_sources(str(manifest), str(tmp_path)) == []
     os.utime(a, (1, 1))  # a new mtime alone is not a change (a fresh checkout touches every file)
     assert pure.stale_sources(str(manifest), str(tmp_path)) == []
@@ -67,6 +67,8 @@ def test_stale_sources_names_each_source_whose_content_changed_since_the_build(t
     assert pure.stale_sources(str(manifest), str(tmp_path)) == ["pools/b.py"]
     a.unlink()
     assert pure.stale_sources(str(manifest), str(tmp_path)) == ["pools/a.py", "pools/b.py"]
+    manifest.write_text("{not json")  # what was compiled cannot be read: nothing compiled may run
+    assert pure.stale_sources(str(manifest), str(tmp_path)) == ["manifest.json"]
 
 
 def test_a_stale_build_or_the_switch_puts_the_sources_first(monkeypatch, capsys):
@@ -89,3 +91,29 @@ def test_a_stale_build_or_the_switch_puts_the_sources_first(monkeypatch, capsys)
     spec = sys.meta_path[0].find_spec("sim.req", [str(ROOT / "sim")])
     assert spec.origin == str(ROOT / "sim" / "req.py")
     assert sys.meta_path[0].find_spec("numpy.linalg", None) is None  # other packages: the standard finders
+
+
+def test_setup_removes_only_the_files_a_build_of_its_own_recorded(tmp_path):
+    """A build that does not compile (here POOLSIM_NO_COMPILE=1) clears an earlier build's outputs, named in that
+    build's manifest, and the manifest; a file that merely has an output's name stays (nobody else's file goes)."""
+    import importlib.machinery
+    import shutil
+
+    tree = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.so", MANIFEST.name, "*.egg-info")
+    tree.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md", "mypyc.ini", "cli.py"):
+        shutil.copy(ROOT / name, tree / name)
+    for package in ("pools", "sim", "traces", "reports", "kernels"):
+        shutil.copytree(ROOT / package, tree / package, ignore=skip)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    ours, strangers = tree / "pools" / f"allocator{suffix}", tree / "pools" / f"radix_cache{suffix}"
+    ours.write_text("an earlier build's shim")
+    strangers.write_text("a file of an output's name that no manifest lists")
+    manifest = tree / "pools" / MANIFEST.name
+    manifest.write_text(json.dumps({"sources": {}, "outputs": [f"pools/allocator{suffix}"]}))
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, capture_output=True,
+                         text=True, env={**os.environ, "POOLSIM_NO_COMPILE": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not ours.exists() and not manifest.exists()
+    assert strangers.read_text() == "a file of an output's name that no manifest lists"
