@@ -42,6 +42,7 @@ def four_times(trace):
 
 def run_one(path: str, case: int, x4: bool) -> dict:
     t_cpu, t_wall = time.process_time(), time.perf_counter()
+    from pools._pure_python import compiled_modules
     from pools.gpu_catalog import get_gpu
     from pools.model_config import ModelConfig
     from pools.server_args import ServerArgs
@@ -55,8 +56,6 @@ def run_one(path: str, case: int, x4: bool) -> dict:
     r = simulate(trace, ModelConfig.load(name), get_gpu(gpu), ServerArgs(tp_size=tp))
     cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
     s = r.summary
-    from pools._pure_python import compiled_modules
-
     sha = lambda df: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()[:12]  # noqa: E731
     return {"model": name, "gpu": gpu, "tp": tp, "x4": x4, "requests": s["requests"], "steps": s["steps"],
             "cpu_s": cpu, "wall_s": wall, "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
