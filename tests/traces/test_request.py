@@ -16,6 +16,26 @@ def test_segment_tokens_exact_ids():
     assert segment_tokens(((3, 4), (7, 2))).dtype == np.int64
 
 
+@pytest.mark.parametrize("segments", [
+    ((3, 2), (7, 2), (9, 1)),  # equal blocks, shorter tail: the broadcast path
+    ((3, 2), (7, 2), (9, 2)),  # equal blocks throughout
+    ((3, 2), (7, 1), (9, 2)),  # a short block in the middle: the general path
+    ((3, 1), (7, 2)),  # a longer tail: the general path
+    ((3, 3),),  # one segment
+])
+def test_segment_tokens_exact_ids_on_both_paths(segments):
+    # written out by hand: token i of segment s is s * 2**20 + i
+    expected = {
+        ((3, 2), (7, 2), (9, 1)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB],
+        ((3, 2), (7, 2), (9, 2)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB, 9 * MIB + 1],
+        ((3, 2), (7, 1), (9, 2)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 9 * MIB, 9 * MIB + 1],
+        ((3, 1), (7, 2)): [3 * MIB, 7 * MIB, 7 * MIB + 1],
+        ((3, 3),): [3 * MIB, 3 * MIB + 1, 3 * MIB + 2],
+    }[segments]
+    got = segment_tokens(segments)
+    assert got.tolist() == expected and got.dtype == np.int64 and got.ndim == 1
+
+
 def test_partial_block_is_a_prefix_of_the_full_block():
     partial = Request(rid=0, arrival_s=0.0, input_len=612, output_len=1, segments=((5, 512), (9, 100)))
     full = Request(rid=1, arrival_s=0.0, input_len=1024, output_len=1, segments=((5, 512), (9, 512)))
