@@ -443,6 +443,8 @@ def report(cases: list[Case], k: Coefficients, title: str, simulated: dict | Non
         signed = [median([errs[i][m] for i in idx]) for m in METRICS]
         absolute = [median([abs(errs[i][m]) for i in idx]) for m in TARGET_METRICS]
         summary[name] = absolute
+        if name == "all":  # which way the model errs, for the line `run` prints
+            summary["signed"] = [median([errs[i][m] for i in idx]) for m in TARGET_METRICS]
         print(f"{name:<22} {len(idx):>3} " + " ".join(f"{s:>+7.0%}" for s in signed)
               + "   " + " / ".join(f"{a:.0%}" for a in absolute))
     summary["n"] = len(cases)
@@ -497,9 +499,12 @@ def main() -> None:
             print(f'    "{name}": {getattr(k, name):.4g},')
         a = held["all"]
         how = "full simulation" if opts.fit_sim else "steady-state estimate"
+        s = held["signed"]
         measured = (f"held-out median |error| {a[0]:.0%} throughput, {a[1]:.0%} TTFT (median TTFT {a[3]:.0%}), "
                     f"{a[2]:.0%} TPOT "
-                    f"({how}, {held['n']} published SGLang runs; bench/time_accuracy.py)")
+                    f"({how}, {held['n']} published SGLang runs; bench/time_accuracy.py); "
+                    f"median signed error {s[0]:+.0%} throughput, {s[1]:+.0%} mean TTFT, {s[3]:+.0%} median TTFT, "
+                    f"{s[2]:+.0%} TPOT")
         print(f"\nMEASURED_ERROR = {measured!r}")
         if opts.write_defaults:
             # the steady-state error; replace it by the full-simulation figure of --simulate (bench/README.md)

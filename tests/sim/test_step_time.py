@@ -225,10 +225,14 @@ def test_readme_quotes_the_shipped_time_model_error():
     tput, ttft, ttft50, tpot = re.match(r"held-out median \|error\| (\d+)% throughput, (\d+)% TTFT "
                                         r"\(median TTFT (\d+)%\), (\d+)% TPOT", MEASURED_ERROR).groups()
     held_out = re.search(r"of (\d+) held-out published", MEASURED_ERROR).group(1)
+    signed = re.search(r"median signed error ([-+]\d+)% throughput, ([-+]\d+)% mean TTFT, ([-+]\d+)% median TTFT, "
+                       r"([-+]\d+)% TPOT$", MEASURED_ERROR).groups()
     readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
     assert (f"on the {held_out} held-out published runs" in readme
             and f"its median error is {tput} % on output throughput, {ttft} % on mean TTFT ({ttft50} % on median "
-                f"TTFT) and {tpot} % on TPOT" in readme)
+                f"TTFT) and {tpot} % on TPOT" in readme
+            and "(median signed error): {} % on throughput, {} % on mean TTFT, {} % on median TTFT, {} % on TPOT"
+                .format(*signed) in readme)
 
 
 def test_a_calibration_stopped_before_its_fit_is_named_as_such(tmp_path):
