@@ -16,22 +16,20 @@ def test_segment_tokens_exact_ids():
     assert segment_tokens(((3, 4), (7, 2))).dtype == np.int64
 
 
-@pytest.mark.parametrize("segments", [
-    ((3, 2), (7, 2), (9, 1)),  # equal blocks, shorter tail: the broadcast path
-    ((3, 2), (7, 2), (9, 2)),  # equal blocks throughout
-    ((3, 2), (7, 1), (9, 2)),  # a short block in the middle: the general path
-    ((3, 1), (7, 2)),  # a longer tail: the general path
-    ((3, 3),),  # one segment
+# written out by hand: token i of segment s is s * 2**20 + i
+@pytest.mark.parametrize("segments, expected", [
+    # equal blocks and a shorter tail: the broadcast path
+    (((3, 2), (7, 2), (9, 1)), [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB]),
+    # equal blocks throughout: the broadcast path
+    (((3, 2), (7, 2), (9, 2)), [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB, 9 * MIB + 1]),
+    # a short block in the middle: the general path
+    (((3, 2), (7, 1), (9, 2)), [3 * MIB, 3 * MIB + 1, 7 * MIB, 9 * MIB, 9 * MIB + 1]),
+    # a longer tail: the general path
+    (((3, 1), (7, 2)), [3 * MIB, 7 * MIB, 7 * MIB + 1]),
+    # one segment
+    (((3, 3),), [3 * MIB, 3 * MIB + 1, 3 * MIB + 2]),
 ])
-def test_segment_tokens_exact_ids_on_both_paths(segments):
-    # written out by hand: token i of segment s is s * 2**20 + i
-    expected = {
-        ((3, 2), (7, 2), (9, 1)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB],
-        ((3, 2), (7, 2), (9, 2)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB, 9 * MIB + 1],
-        ((3, 2), (7, 1), (9, 2)): [3 * MIB, 3 * MIB + 1, 7 * MIB, 9 * MIB, 9 * MIB + 1],
-        ((3, 1), (7, 2)): [3 * MIB, 7 * MIB, 7 * MIB + 1],
-        ((3, 3),): [3 * MIB, 3 * MIB + 1, 3 * MIB + 2],
-    }[segments]
+def test_segment_tokens_exact_ids_on_both_paths(segments, expected):
     got = segment_tokens(segments)
     assert got.tolist() == expected and got.dtype == np.int64 and got.ndim == 1
 
