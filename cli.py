@@ -923,7 +923,8 @@ def bench(
     random_range_ratio: float = typer.Option(0.0, "--random-range-ratio",
                                             help="Range of sampled ratio of input/output length (random)."),
     range_style: str = typer.Option("sglang", "--random-range-style",
-                                    help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]."),
+                                    help="sglang: lengths in [max(L*r,1), L]; vllm: [L*(1-r), L*(1+r)]; "
+                                         "sglang-legacy: outputs in [L*r, L] (older clients)."),
     sharegpt_output_len: Optional[int] = typer.Option(None, "--sharegpt-output-len",
                                                       help="Output length for each request (overrides ShareGPT's)."),
     sharegpt_context_len: Optional[int] = typer.Option(None, "--sharegpt-context-len",

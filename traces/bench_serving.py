@@ -39,7 +39,8 @@ requests hold; bench_serving's printed "Total input tokens" is lower by that cou
 Version notes. ``--random-range-ratio`` in SGLang draws from ``[max(int(L * r), 1), L]``. Before
 ``compute_random_lens`` (e.g. sgl-project/sglang commit 0033168f, python/sglang/bench_serving.py) the output lower
 bound was ``int(L * r)`` without the ``max(.., 1)``, so ratio 0 could draw 0-token outputs; 0.5.23 has the bound 1
-for inputs and outputs. vLLM's ``benchmark_serving`` reads the ratio as a half-width: ``[int(L * (1 - r)),
+for inputs and outputs. ``range_style="sglang-legacy"`` draws with that older bound (the same numpy stream, so the
+published totals of such runs are reproduced) and sends a drawn 0 as 1 token. vLLM's ``benchmark_serving`` reads the ratio as a half-width: ``[int(L * (1 - r)),
 int(L * (1 + r))]``, output low at least 1 (``range_style="vllm"``; drawn here with the same numpy stream, so
 only the bounds are vLLM's, and the input low is at least 1 too: a prompt needs a token). ``burstiness`` is
 vLLM's gamma-interval option (shape ``b``, scale ``1 / (rate * b)``); SGLang 0.5.23 has only the exponential,
@@ -61,19 +62,22 @@ from traces.request import MAX_SEGMENT_LEN, Request
 from traces.sharegpt import estimate_tokens, message_segment
 
 DATASETS = ("random", "random-ids", "sharegpt")
-RANGE_STYLES = ("sglang", "vllm")
+RANGE_STYLES = ("sglang", "vllm", "sglang-legacy")
 DEFAULT_SEED = 42  # bench_serving's --seed default
 WARMUP_OUTPUT_LEN = 32  # warm-up requests ask min(output_len, 32) tokens (serving.py benchmark())
 SHAREGPT_MIN_LEN = 2  # sample_sharegpt_requests prunes prompts or outputs under 2 tokens
 
 
 def random_lens(full_len: int, range_ratio: float, num: int, rng: np.random.RandomState,
-                style: str = "sglang") -> list[int]:
-    """``compute_random_lens`` (SGLang) or vLLM's bounds, drawn from ``rng``."""
+                style: str = "sglang", output: bool = False) -> list[int]:
+    """``compute_random_lens`` (SGLang), its predecessor (``sglang-legacy``: an output may draw 0) or vLLM's bounds,
+    drawn from ``rng``."""
     if full_len <= 0:
         return [0] * num
     if style == "vllm":
         low, high = max(int(full_len * (1 - range_ratio)), 1), int(full_len * (1 + range_ratio))
+    elif style == "sglang-legacy" and output:
+        low, high = int(full_len * range_ratio), full_len
     else:
         low, high = max(int(full_len * range_ratio), 1), full_len
     return rng.randint(low, high + 1, size=num).tolist()
@@ -145,7 +149,7 @@ def _check(num_prompts, input_len, output_len, range_ratio, request_rate, bursti
     if output_len < 1 or output_len > MAX_SEGMENT_LEN:
         raise ValueError(f"--random-output-len {output_len}: must lie in [1, 2**20]")
     if style not in RANGE_STYLES:
-        raise ValueError(f"range style {style!r}: expected sglang or vllm")
+        raise ValueError(f"range style {style!r}: expected sglang, vllm or sglang-legacy")
     if not 0.0 <= range_ratio <= 1.0 or (style == "vllm" and range_ratio >= 1.0):
         raise ValueError(f"--random-range-ratio {range_ratio}: must lie in [0, 1] ([0, 1) for vllm)")
     if not request_rate > 0:
@@ -174,7 +178,8 @@ def bench_requests(dataset: str, num_prompts: int, *, input_len: int = 1024, out
         rows = _sharegpt_rows(num_prompts, py_rng, sharegpt_path, sharegpt_output_len, sharegpt_context_len)
     else:
         in_lens = random_lens(input_len, range_ratio, num_prompts, np_rng, range_style)
-        out_lens = random_lens(output_len, range_ratio, num_prompts, np_rng, range_style)
+        # a 0-token output (sglang-legacy) is sent as 1: a request generates at least one token here
+        out_lens = [max(n, 1) for n in random_lens(output_len, range_ratio, num_prompts, np_rng, range_style, True)]
         if dataset == "random" and sharegpt_standin and sharegpt_path is None:
             rows = [(n, out, {"segments": ((standin_segment(seed, i), n),)})
                     for i, (n, out) in enumerate(zip(in_lens, out_lens))]

@@ -99,3 +99,24 @@ def test_the_steady_state_ttft_waits_for_the_recv_interval():
     alone = cases["dsr1-b200-tp8-r1k1k-c1-ix0512"]
     assert alone.args.scheduler_recv_interval == 10
     assert ta.predict(alone, k) == ta.predict(replace(alone, args=alone.args.replace(scheduler_recv_interval=1)), k)
+
+
+OPEN_LOOP = DATA.parent / "published_open_loop.csv"
+
+
+def test_open_loop_runs_are_sourced_and_their_totals_are_the_clients_draws():
+    """bench/data/published_open_loop.csv (H200 runs at --request-rate R): commit-pinned sources, and the printed
+    token totals are bench_serving's --seed 1 draws under the row's range style (outputs: a drawn 0 counts 0 in the
+    published total; the replay sends it as 1 token)."""
+    with open(OPEN_LOOP, newline="") as f:
+        runs = list(csv.DictReader(f))
+    assert len(runs) == 5 and len({r["case_id"] for r in runs}) == 5
+    for r in runs:
+        assert re.match(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/", r["source_url"]), r["case_id"]
+        assert float(r["request_rate"]) > 0 and r["sglang_version"], r["case_id"]
+        ModelConfig.load(r["model"]), get_gpu(r["gpu"])
+        rng = np.random.RandomState(1)
+        n, ratio = int(r["num_prompts"]), float(r["range_ratio"])
+        ins = random_lens(int(r["input_len"]), ratio, n, rng, r["range_style"])
+        outs = random_lens(int(r["output_len"]), ratio, n, rng, r["range_style"], output=True)
+        assert (sum(ins), sum(outs)) == (int(r["total_input_tokens"]), int(r["total_output_tokens"])), r["case_id"]

@@ -210,6 +210,21 @@ def test_random_input_lens_match_the_published_totals():
     assert [total(10, 8000), total(80, 8000), total(320, 8000)] == [41941, 300020, 1273893]
 
 
+def test_legacy_output_bound_matches_an_older_clients_published_totals():
+    """An older bench_serving drew outputs from [int(L * r), L] (0 possible at ratio 0). Its --seed 1 runs of
+    --random-input 1024 --random-output 1024 printed these totals (datacrunch-research/h200-benchmarks, commit
+    c091ef5, sglang/outputs/llama_3_3_70b_online_output.jsonl): input/output tokens for 300 and 1200 prompts."""
+    def totals(n, style):
+        reqs = bench_requests("random", n, input_len=1024, output_len=1024, seed=1, request_rate=4.0,
+                              sharegpt_standin=True, range_style=style)
+        return sum(r.input_len for r in reqs), sum(r.output_len for r in reqs)
+    assert totals(300, "sglang-legacy") == (152612, 160347)
+    # 1200 prompts drew three 0-token outputs, which are sent as 1 token here: 607,936 published + 3
+    assert totals(1200, "sglang-legacy") == (615860, 607936 + 3)
+    assert totals(300, "sglang")[1] != 160347  # the 0.5.23 bound draws other outputs from the same stream
+    assert random_lens(1, 0.0, 40, np.random.RandomState(0), style="sglang-legacy", output=True).count(0) > 0
+
+
 def test_random_standin_prompts_repeat_across_runs_with_the_same_seed():
     """Prompt i is the i-th shuffled text in every run with the same seed: a 10-prompt run's prompts are the
     first 10 of an 80-prompt run's (same lengths, same text), and an 8000-token run's prompt i is the same text
