@@ -422,7 +422,7 @@ def write_defaults(k: Coefficients, fitted: list[str], measured_error: str) -> N
     print(f"wrote the fitted defaults into {path.relative_to(ROOT)}")
 
 
-def open_loop_report(path: Path = OPEN_LOOP, k: Coefficients | None = None) -> list[dict[str, float]]:
+def open_loop_report(path: Path = OPEN_LOOP) -> None:
     """Each open-loop run (Poisson arrivals at --request-rate, bench_serving's seeded draws) through the full
     simulator alone on its server; prints the drawn totals against the published ones and the signed errors."""
     from sim.bench_serving import BenchConfig, run_bench
@@ -430,30 +430,20 @@ def open_loop_report(path: Path = OPEN_LOOP, k: Coefficients | None = None) -> l
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     print(f"\nopen-loop runs ({os.path.relpath(path, ROOT)}), full simulation; reported, not fitted")
-    print(f"{'case':<36} {'in/out tokens as published':>26} " + " ".join(f"{m[:-3] if m.endswith('_ms') else 'tput':>11}"
-                                                                     for m in OPEN_LOOP_METRICS))
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        calibration = None
-        if k is not None:
-            calibration = str(Path(tmp) / "coefficients.json")
-            Path(calibration).write_text(json.dumps({"device": "fit", "coefficients": asdict(k)}))
-        for row in rows:
-            args = ServerArgs(tp_size=int(row["tp"]), disable_prefill_cuda_graph=True, **server_flags(row["notes"]))
-            cfg = BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=int(row["num_prompts"]),
-                              random_input_len=int(row["input_len"]), random_output_len=int(row["output_len"]),
-                              random_range_ratio=float(row["range_ratio"]), range_style=row["range_style"],
-                              request_rate=float(row["request_rate"]), warmup_requests=1, seed=SEED)
-            _, (m,) = run_bench([cfg], ModelConfig.load(row["model"]), get_gpu(row["gpu"]), args,
-                                calibration=calibration)
-            same = (m["total_input_tokens"] == int(row["total_input_tokens"]),
-                    m["total_output_tokens"] == int(row["total_output_tokens"]))
-            err = {col: m[key] / float(row[col]) - 1 for col, key in OPEN_LOOP_METRICS.items()}
-            out.append(err)
-            print(f"{row['case_id']:<36} {'same' if same[0] else 'DIFFER':>12} / "
-                  f"{'same' if same[1] else str(m['total_output_tokens'] - int(row['total_output_tokens'])):<11} "
-                  + " ".join(f"{e:>+11.0%}" for e in err.values()), flush=True)
-    return out
+    heads = ["tput" if col == "output_throughput" else col.removesuffix("_ms") for col in OPEN_LOOP_METRICS]
+    print(f"{'case':<36} {'in/out tokens as published':>26} " + " ".join(f"{h:>11}" for h in heads))
+    for row in rows:
+        args = ServerArgs(tp_size=int(row["tp"]), disable_prefill_cuda_graph=True, **server_flags(row["notes"]))
+        cfg = BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=int(row["num_prompts"]),
+                          random_input_len=int(row["input_len"]), random_output_len=int(row["output_len"]),
+                          random_range_ratio=float(row["range_ratio"]), range_style=row["range_style"],
+                          request_rate=float(row["request_rate"]), warmup_requests=1, seed=SEED)
+        _, (m,) = run_bench([cfg], ModelConfig.load(row["model"]), get_gpu(row["gpu"]), args)
+        extra_out = m["total_output_tokens"] - int(row["total_output_tokens"])  # 0-token draws sent as 1
+        inputs = "same" if m["total_input_tokens"] == int(row["total_input_tokens"]) else "DIFFER"
+        print(f"{row['case_id']:<36} {inputs:>12} / {'same' if not extra_out else str(extra_out):<11} "
+              + " ".join(f"{m[key] / float(row[col]) - 1:>+11.0%}" for col, key in OPEN_LOOP_METRICS.items()),
+              flush=True)
 
 
 def median(xs: list[float]) -> float:
@@ -486,7 +476,7 @@ def report(cases: list[Case], k: Coefficients, title: str, simulated: dict | Non
         absolute = [median([abs(errs[i][m]) for i in idx]) for m in TARGET_METRICS]
         summary[name] = absolute
         if name == "all":  # which way the model errs, for the line `run` prints
-            summary["signed"] = [median([errs[i][m] for i in idx]) for m in TARGET_METRICS]
+            summary["signed"] = [dict(zip(METRICS, signed))[m] for m in TARGET_METRICS]
         print(f"{name:<22} {len(idx):>3} " + " ".join(f"{s:>+7.0%}" for s in signed)
               + "   " + " / ".join(f"{a:.0%}" for a in absolute))
     summary["n"] = len(cases)

@@ -40,12 +40,12 @@ Version notes. ``--random-range-ratio`` in SGLang draws from ``[max(int(L * r), 
 ``compute_random_lens`` (e.g. sgl-project/sglang commit 0033168f, python/sglang/bench_serving.py) the output lower
 bound was ``int(L * r)`` without the ``max(.., 1)``, so ratio 0 could draw 0-token outputs; 0.5.23 has the bound 1
 for inputs and outputs. ``range_style="sglang-legacy"`` draws with that older bound (the same numpy stream, so the
-published totals of such runs are reproduced) and sends a drawn 0 as 1 token. vLLM's ``benchmark_serving`` reads the ratio as a half-width: ``[int(L * (1 - r)),
-int(L * (1 + r))]``, output low at least 1 (``range_style="vllm"``; drawn here with the same numpy stream, so
-only the bounds are vLLM's, and the input low is at least 1 too: a prompt needs a token). ``burstiness`` is
-vLLM's gamma-interval option (shape ``b``, scale ``1 / (rate * b)``); SGLang 0.5.23 has only the exponential,
-which equals the gamma stream at ``b = 1`` in numpy's legacy generator. Not replayed: ``--dataset-offset``,
-``--prompt-suffix``, ``--apply-chat-template`` (they change text a tokenizer would count).
+published totals of such runs are reproduced) and sends a drawn 0 as 1 token. vLLM's ``benchmark_serving`` reads the
+ratio as a half-width: ``[int(L * (1 - r)), int(L * (1 + r))]``, output low at least 1 (``range_style="vllm"``; drawn
+here with the same numpy stream, so only the bounds are vLLM's, and the input low is at least 1 too: a prompt needs a
+token). ``burstiness`` is vLLM's gamma-interval option (shape ``b``, scale ``1 / (rate * b)``); SGLang 0.5.23 has
+only the exponential, which equals the gamma stream at ``b = 1`` in numpy's legacy generator. Not replayed:
+``--dataset-offset``, ``--prompt-suffix``, ``--apply-chat-template`` (they change text a tokenizer would count).
 """
 
 from __future__ import annotations

@@ -40,32 +40,16 @@ def fold_segment_id(raw: int) -> int:
     return x >> 22  # the top 42 bits
 
 
-_OFFSETS: dict[int, np.ndarray] = {}
-
-
-def _block_offsets(n: int) -> np.ndarray:
-    """``arange(n)``, cached by length (a trace has one or a few block sizes)."""
-    out = _OFFSETS.get(n)
-    if out is None:
-        out = np.arange(n, dtype=np.int64)
-        out.flags.writeable = False
-        if len(_OFFSETS) < 64:
-            _OFFSETS[n] = out
-    return out
-
-
 def segment_tokens(segments) -> np.ndarray:
     """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated."""
     arr = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
     ids, lens = arr[:, 0], arr[:, 1]
-    if len(lens) > 1:
-        block = int(lens[0])
-        last = int(lens[-1])
-        if last <= block and (len(lens) == 2 or bool((lens[1:-1] == block).all())):
-            # equal blocks and a shorter tail (Mooncake's 512-token hash blocks): one broadcast add writes every
-            # id once (repeat + arange + add pass over the prompt three times); the same ids
-            grid = (ids << SEGMENT_BITS)[:, None] + _block_offsets(block)
-            return grid.reshape(-1)[: (len(lens) - 1) * block + last]
+    block = int(lens[0]) if len(lens) else 0
+    if len(lens) > 1 and lens[-1] <= block and (lens[1:-1] == block).all():
+        # equal blocks and a shorter tail (Mooncake's 512-token hash blocks): one broadcast add writes every id
+        # once (repeat + arange + add pass over the prompt three times); the same ids
+        grid = (ids << SEGMENT_BITS)[:, None] + np.arange(block, dtype=np.int64)
+        return grid.reshape(-1)[: int(lens.sum())]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if len(ends) else 0
     # token i of the prompt in segment s starting at position p: s * 2**20 + (i - p); one repeat, one add
