@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import OutOfMemoryError
 from pools.radix_cache import RadixKey
 from pools.req_kv import ReqKvInfo
+from pools.req_to_token_pool import ReqToTokenPool
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-def evict_from_tree_cache(tree_cache, num_tokens: int) -> int:
+def evict_from_tree_cache(tree_cache: BasePrefixCache, num_tokens: int) -> int:
     """Evict only the shortfall ``num_tokens - available``; returns tokens evicted."""
     if not tree_cache.supports_prefix_sharing():
         return 0
@@ -34,13 +36,14 @@ def evict_from_tree_cache(tree_cache, num_tokens: int) -> int:
     return tree_cache.evict_for_alloc(shortfall) if shortfall > 0 else 0
 
 
-def check_decode_capacity(tree_cache, num_tokens: int) -> bool:
+def check_decode_capacity(tree_cache: BasePrefixCache, num_tokens: int) -> bool:
     """Evict the shortfall, then whether ``num_tokens`` slots are free (``check_decode_capacity``)."""
     evict_from_tree_cache(tree_cache, num_tokens)
     return tree_cache.token_to_kv_pool_allocator.available_size() >= num_tokens
 
 
-def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow_mamba: bool | None = None):
+def match_prefix_for_req(req, tree_cache: BasePrefixCache, max_prefix_len: int | None = None,
+                         cow_mamba: bool | None = None):
     """Admission-time match of ``origin + output`` capped at ``len - 1`` (``init_next_round_input``)."""
     n = req.seqlen
     cap = max(n - 1, 0) if max_prefix_len is None else max_prefix_len
@@ -54,7 +57,7 @@ def match_prefix_for_req(req, tree_cache, max_prefix_len: int | None = None, cow
     return result
 
 
-def _prefix_indices(req, tree_cache, req_to_token_pool) -> np.ndarray | None:
+def _prefix_indices(req, tree_cache: BasePrefixCache, req_to_token_pool) -> np.ndarray | None:
     """The prefix slots to write into a fresh row; None when the request's own row already holds them
     (a continuing chunk): copying them out and back would write the same values."""
     if req.kv.holds_kv:
@@ -64,7 +67,7 @@ def _prefix_indices(req, tree_cache, req_to_token_pool) -> np.ndarray | None:
     return tree_cache.path_device_indices(req.last_node)[: req.prefix_len]
 
 
-def ensure_mamba_capacity(req_to_token_pool, reqs, tree_cache) -> bool:
+def ensure_mamba_capacity(req_to_token_pool, reqs, tree_cache: BasePrefixCache) -> bool:
     """Evict tree-held mamba states until the batch's new working and tracking slots fit."""
     if not hasattr(req_to_token_pool, "mamba_allocator"):
         return True
@@ -76,7 +79,7 @@ def ensure_mamba_capacity(req_to_token_pool, reqs, tree_cache) -> bool:
     return req_to_token_pool.mamba_allocator.available_size() >= needed
 
 
-def alloc_req_slots(reqs, tree_cache, req_to_token_pool) -> list[int]:
+def alloc_req_slots(reqs, tree_cache: BasePrefixCache, req_to_token_pool: ReqToTokenPool) -> list[int]:
     """Rows for requests that hold none (LIFO), after making room for their mamba slots."""
     ensure_mamba_capacity(req_to_token_pool, reqs, tree_cache)
     rows = req_to_token_pool.alloc(reqs)
@@ -86,7 +89,7 @@ def alloc_req_slots(reqs, tree_cache, req_to_token_pool) -> list[int]:
     return rows
 
 
-def alloc_token_slots(tree_cache, num_tokens: int) -> np.ndarray:
+def alloc_token_slots(tree_cache: BasePrefixCache, num_tokens: int) -> np.ndarray:
     allocator = tree_cache.token_to_kv_pool_allocator
     evict_from_tree_cache(tree_cache, num_tokens)
     out = allocator.alloc(num_tokens)
@@ -96,7 +99,7 @@ def alloc_token_slots(tree_cache, num_tokens: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def alloc_for_extend(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
+def alloc_for_extend(reqs, tree_cache: BasePrefixCache, req_to_token_pool: ReqToTokenPool) -> np.ndarray:
     """Allocate ``[prefix_len, extend_end)`` of every request and write its row; returns out_cache_loc."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
@@ -131,23 +134,29 @@ def alloc_for_extend(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     return out
 
 
-def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
+def alloc_for_decode(reqs, tree_cache: BasePrefixCache, req_to_token_pool: ReqToTokenPool) -> np.ndarray:
     """One new slot per request at position ``kv_committed_len``."""
+    return alloc_for_decode_kvs([r.kv for r in reqs], tree_cache, req_to_token_pool)
+
+
+def alloc_for_decode_kvs(kvs: list[ReqKvInfo], tree_cache: BasePrefixCache,
+                         req_to_token_pool: ReqToTokenPool) -> np.ndarray:
+    """``alloc_for_decode`` on the requests' ``ReqKvInfo``: a caller that holds typed requests (the scheduler's
+    batch) reads ``r.kv`` natively in the compiled build."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
     # every request on every decode step: plain comprehensions (native loops when compiled) beat map(attrgetter)
     # + np.fromiter in both builds (callgrind, bench/README.md)
-    kvs: list[ReqKvInfo] = [r.kv for r in reqs]
     rows = np.array([kv.req_pool_idx for kv in kvs], dtype=np.int64)
     seq_lens = np.array([kv.kv_committed_len for kv in kvs], dtype=np.int64)
     if ps == 1:
-        out = alloc_token_slots(tree_cache, len(reqs))
+        out = alloc_token_slots(tree_cache, len(kvs))
     else:
         last_loc = np.asarray(req_to_token_pool.req_to_token[rows, seq_lens - 1], dtype=np.int64)
-        evict_from_tree_cache(tree_cache, len(reqs) * ps)
+        evict_from_tree_cache(tree_cache, len(kvs) * ps)
         out = allocator.alloc_decode(seq_lens + 1, last_loc)
         if out is None:
-            raise OutOfMemoryError(f"Decode out of memory. Try to allocate {len(reqs)} tokens; "
+            raise OutOfMemoryError(f"Decode out of memory. Try to allocate {len(kvs)} tokens; "
                                    f"available {allocator.available_size()}, evictable {tree_cache.evictable_size()}")
         out = np.asarray(out, dtype=np.int64)
     req_to_token_pool.write((rows, seq_lens), out)
@@ -157,13 +166,13 @@ def alloc_for_decode(reqs, tree_cache, req_to_token_pool) -> np.ndarray:
     return out
 
 
-def checkpoint_kv_cache(req, tree_cache) -> None:
+def checkpoint_kv_cache(req, tree_cache: BasePrefixCache) -> None:
     """Publish a chunked request's computed prefix (``stash_chunked_request``)."""
     tree_cache.checkpoint(req, up_to=req.extend_end)
     req.prefix_len = req.extend_end
 
 
-def release_kv_cache(req, tree_cache, checkpoint: bool) -> None:
+def release_kv_cache(req, tree_cache: BasePrefixCache, checkpoint: bool) -> None:
     """Give the request's row back. With ``checkpoint`` (a finished request) the tree first keeps what
     it can key; retraction and abort pass ``checkpoint=False``: nothing is inserted."""
     kv: ReqKvInfo = req.kv

@@ -1,8 +1,11 @@
-"""What every prefix cache shares (SGLang's ``BasePrefixCache``): its pools, and giving a request's own
-row positions back. ``RadixCache`` and ``DisabledRadixCache`` build on it, so callers never branch on
-whether the radix cache is on."""
+"""What every prefix cache shares (SGLang's ``BasePrefixCache``): its pools, giving a request's own row
+positions back, and the interface the scheduler calls. ``RadixCache`` and ``DisabledRadixCache`` build on it,
+so callers never branch on whether the radix cache is on. The scheduler's code types its tree as this class,
+which lets the compiled build call these methods directly instead of looking each one up by name."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -19,6 +22,57 @@ class BasePrefixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size or token_to_kv_pool_allocator.page_size
 
+    # ---------------------------------------------------------------- what every tree implements
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def supports_prefix_sharing(self) -> bool:
+        raise NotImplementedError
+
+    def match_prefix(self, key, **kwargs) -> Any:
+        raise NotImplementedError
+
+    def insert(self, key, value, prev_prefix_len: int = 0, mamba_value=None) -> Any:
+        raise NotImplementedError
+
+    def evict(self, num_tokens: int) -> int:
+        raise NotImplementedError
+
+    def evict_for_alloc(self, num_tokens: int) -> int:
+        raise NotImplementedError
+
+    def evictable_size(self) -> int:
+        raise NotImplementedError
+
+    def full_evictable_size(self) -> int:
+        raise NotImplementedError
+
+    def protected_size(self) -> int:
+        raise NotImplementedError
+
+    def total_size(self) -> int:
+        raise NotImplementedError
+
+    def lock(self, node) -> Any:
+        raise NotImplementedError
+
+    def unlock(self, lock) -> None:
+        raise NotImplementedError
+
+    def path_device_indices(self, node) -> np.ndarray:
+        raise NotImplementedError
+
+    def checkpoint(self, req, up_to: int) -> None:
+        raise NotImplementedError
+
+    def check_integrity(self) -> None:
+        raise NotImplementedError
+
+    def touch_prefix(self, make_key, hint=None) -> Any:
+        """Only on a tree that shares prefixes (the waiting-queue refresh skips a disabled one)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- hybrid trees only (after supports_*())
     def supports_mamba(self) -> bool:
         return False
 
@@ -30,6 +84,27 @@ class BasePrefixCache:
 
     def evict_mamba(self, num: int) -> int:
         return 0
+
+    def track_after_extend(self, req, prefix_len: int, extend_end: int) -> None:
+        raise NotImplementedError
+
+    def decode_tracks(self, reqs, kvs=None) -> dict[int, tuple[int, int]]:
+        raise NotImplementedError
+
+    def track_after_decode(self, req) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+    def commit_decode_track(self, req, track: tuple[int, int]) -> None:
+        raise NotImplementedError
+
+    def swa_evictable_size(self) -> int:
+        raise NotImplementedError
+
+    def swa_protected_size(self) -> int:
+        raise NotImplementedError
+
+    def evict_sliding_window(self, req, pre_len: int, eviction_interval: int = 1) -> None:
+        raise NotImplementedError
 
     def on_release(self, req, checkpointed: bool) -> None:
         """Hook after a row is given back: a mamba tree frees the state slots it did not take."""

@@ -237,18 +237,20 @@ class MambaRadixCache(RadixCache):
             seqlen = branch
         self._record_track(req, seqlen)
 
-    def decode_tracks(self, reqs) -> dict[int, tuple[int, int]]:
+    def decode_tracks(self, reqs, kvs: list[ReqKvInfo] | None = None) -> dict[int, tuple[int, int]]:
         """A decode forward that reaches the track grid writes the state into the next ping-pong slot, and the
         next forward writes the other one. The checkpoint exists only once the result is processed
         (``commit_decode_track``, SGLang's ``_handle_finish_state_updated_req``), one step later under overlap:
         for a decode batch, ``{id(req): (ping-pong position, sequence length)}`` of the requests on the grid (none
-        unless the strategy is extra_buffer). One pass, no call per request: it runs every decode step."""
+        unless the strategy is extra_buffer). One pass, no call per request: it runs every decode step. ``kvs``:
+        the requests' ``ReqKvInfo`` in the same order, when the caller has them (read natively when compiled)."""
         if self.strategy != "extra_buffer":
             return {}
         grid, other = self.mamba_track_grid, self.req_to_token_pool.get_mamba_ping_pong_other_idx
         tracks: dict = {}
-        for req in reqs:
-            kv: ReqKvInfo = req.kv
+        if kvs is None:
+            kvs = [req.kv for req in reqs]
+        for req, kv in zip(reqs, kvs):
             if kv.kv_committed_len % grid == 0:
                 position = kv.mamba_next_track_idx
                 kv.mamba_next_track_idx = other(position)

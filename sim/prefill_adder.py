@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
 
+from pools.base_prefix_cache import BasePrefixCache
+
 if TYPE_CHECKING:
     from sim.schedule_batch import ScheduleBatch
 
@@ -30,8 +32,9 @@ class AddReqResult(Enum):
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class PrefillAdder:
-    def __init__(self, page_size: int, tree_cache, running_batch: ScheduleBatch, new_token_ratio: float,
-                 rem_input_tokens: int, rem_chunk_tokens: int | None, num_mixed_decode_tokens: int = 0):
+    def __init__(self, page_size: int, tree_cache: BasePrefixCache, running_batch: ScheduleBatch,
+                 new_token_ratio: float, rem_input_tokens: int, rem_chunk_tokens: int | None,
+                 num_mixed_decode_tokens: int = 0):
         self.page_size = page_size
         self.tree_cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator

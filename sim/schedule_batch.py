@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from pools.allocation import (
-    alloc_for_decode,
+    alloc_for_decode_kvs,
     alloc_for_extend,
     check_decode_capacity,
     evict_from_tree_cache,
     release_kv_cache,
 )
+from pools.base_prefix_cache import BasePrefixCache
 from pools.swa_radix_cache import SWA_EVICTION_INTERVAL
 from sim.req import Req
 
@@ -80,10 +81,11 @@ class ScheduleBatch:
         self.forward_mode = "extend"
         self.prefix_lens = [r.prefix_len for r in self.reqs]
         self.extend_lens = [r.extend_end - r.prefix_len for r in self.reqs]
-        alloc_for_extend(self.reqs, self.tree_cache, self.req_to_token_pool)
-        if self.tree_cache.supports_mamba():
+        tree: BasePrefixCache = self.tree_cache  # typed: the compiled build calls its methods directly
+        alloc_for_extend(self.reqs, tree, self.req_to_token_pool)
+        if tree.supports_mamba():
             for r, pre in zip(self.reqs, self.prefix_lens):
-                self.tree_cache.track_after_extend(r, pre, r.extend_end)
+                tree.track_after_extend(r, pre, r.extend_end)
 
     def mix_with_running(self, running: "ScheduleBatch") -> None:
         self.forward_mode = "mixed"
@@ -95,7 +97,8 @@ class ScheduleBatch:
     # ---------------------------------------------------------------- decode
     def new_tokens_required_next_decode(self, reqs=None) -> int:
         reqs = self.reqs if reqs is None else reqs
-        ps = self.tree_cache.token_to_kv_pool_allocator.page_size
+        tree: BasePrefixCache = self.tree_cache
+        ps = tree.token_to_kv_pool_allocator.page_size
         if ps == 1:
             return len(reqs)
         return ps * sum(1 for r in reqs if r.kv.kv_committed_len % ps == 0)
@@ -106,16 +109,18 @@ class ScheduleBatch:
     def prepare_for_decode(self) -> None:
         """One new KV slot per request (SGLang allocates it before the forward)."""
         self.forward_mode = "decode"
-        if self.tree_cache.supports_swa():
+        tree: BasePrefixCache = self.tree_cache
+        if tree.supports_swa():
             self.evict_swa()
-        alloc_for_decode(self.reqs, self.tree_cache, self.req_to_token_pool)
+        kvs = [r.kv for r in self.reqs]  # typed requests: native reads when compiled
+        alloc_for_decode_kvs(kvs, tree, self.req_to_token_pool)
         seq_lens = []  # kv_committed_len + 1 before the allocation, i.e. after it; one pass over the batch
         for r in self.reqs:
             r.decode_batch_idx += 1
             seq_lens.append(r.kv.kv_committed_len)
         self.decode_seq_lens = seq_lens
-        if self.tree_cache.supports_mamba():
-            self.mamba_tracks = self.tree_cache.decode_tracks(self.reqs) or None
+        if tree.supports_mamba():
+            self.mamba_tracks = tree.decode_tracks(self.reqs, kvs) or None
 
     def evict_swa(self) -> None:
         """``maybe_evict_swa`` before a decode allocation: a request past its first decode batch (under

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pools.allocation import match_prefix_for_req
+from pools.base_prefix_cache import BasePrefixCache
 from pools.radix_cache import RadixCache, RadixKey
 
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128
@@ -32,7 +33,7 @@ class _NullAllocator:
 
 
 class SchedulePolicy:
-    def __init__(self, policy: str, tree_cache):
+    def __init__(self, policy: str, tree_cache: BasePrefixCache):
         if policy not in ("fcfs", "lpm"):
             raise ValueError(f"--schedule-policy: {policy!r} is not simulated (fcfs, lpm)")
         # SGLang turns cache-aware policies into fcfs when the radix cache is disabled.

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pools.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
+from pools.base_prefix_cache import BasePrefixCache
+from pools.req_to_token_pool import ReqToTokenPool
 from sim.prefill_adder import AddReqResult, PrefillAdder
 from sim.req import Req
 from sim.schedule_batch import ScheduleBatch
@@ -64,7 +66,8 @@ class NewTokenRatioTracker:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, tree_cache, req_to_token_pool, recorder=None, replica: int = 0):
+    def __init__(self, config: SchedulerConfig, tree_cache: BasePrefixCache, req_to_token_pool: ReqToTokenPool,
+                 recorder=None, replica: int = 0):
         self.config = config
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool

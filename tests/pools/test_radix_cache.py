@@ -404,3 +404,32 @@ def test_long_keys_match_up_to_the_first_unequal_page(page_size):
     other = toks.copy()
     other[9001] = 0  # token 9001 differs: page 1 keeps 9001 tokens, page 4 the 2250 whole pages before it
     assert tree.match_prefix(RadixKey(other)).prefix_len == (9001 if page_size == 1 else 9000)
+
+
+# ---------------------------------------------------------------- the interface the scheduler types its tree as
+TREE_METHODS = ("reset", "supports_prefix_sharing", "match_prefix", "insert", "evict", "evict_for_alloc",
+                "evictable_size", "full_evictable_size", "protected_size", "total_size", "lock", "unlock",
+                "path_device_indices", "checkpoint", "check_integrity")
+
+
+def test_every_tree_implements_the_base_interface():
+    """The scheduler calls its tree through BasePrefixCache, whose declarations only raise NotImplementedError:
+    every tree poolsim builds must override each of them, and the hybrid trees their own hooks."""
+    from pools.base_prefix_cache import BasePrefixCache
+    from pools.mamba_radix_cache import MambaRadixCache
+    from pools.no_cache import DisabledRadixCache
+    from pools.swa_radix_cache import SWARadixCache
+
+    def own(cls, name):
+        return getattr(cls, name) is not getattr(BasePrefixCache, name)
+
+    for cls in (RadixCache, MambaRadixCache, SWARadixCache, DisabledRadixCache):
+        assert [m for m in TREE_METHODS if not own(cls, m)] == [], cls.__name__
+    assert own(RadixCache, "touch_prefix")
+    assert all(own(MambaRadixCache, m) for m in ("track_after_extend", "decode_tracks", "track_after_decode",
+                                                    "commit_decode_track", "supports_mamba", "evict_mamba"))
+    assert all(own(SWARadixCache, m) for m in ("swa_evictable_size", "swa_protected_size", "evict_sliding_window",
+                                                  "supports_swa"))
+    tree, _, _ = make_tree(8, 1)
+    with pytest.raises(NotImplementedError):  # a plain tree has no mamba tracks to ask for
+        tree.decode_tracks([])
