@@ -23,6 +23,9 @@ class BasePrefixCache:
         self.page_size = page_size or token_to_kv_pool_allocator.page_size
 
     # ---------------------------------------------------------------- what every tree implements
+    # Abstract: each is overridden by every tree poolsim builds (RadixCache, MambaRadixCache, SWARadixCache,
+    # DisabledRadixCache; tests/pools/test_radix_cache.py checks it). Declared here, and only those the scheduler
+    # calls, so its typed calls compile to direct ones.
     def reset(self) -> None:
         raise NotImplementedError
 
@@ -30,12 +33,6 @@ class BasePrefixCache:
         raise NotImplementedError
 
     def match_prefix(self, key, **kwargs) -> Any:
-        raise NotImplementedError
-
-    def insert(self, key, value, prev_prefix_len: int = 0, mamba_value=None) -> Any:
-        raise NotImplementedError
-
-    def evict(self, num_tokens: int) -> int:
         raise NotImplementedError
 
     def evict_for_alloc(self, num_tokens: int) -> int:
@@ -48,9 +45,6 @@ class BasePrefixCache:
         raise NotImplementedError
 
     def protected_size(self) -> int:
-        raise NotImplementedError
-
-    def total_size(self) -> int:
         raise NotImplementedError
 
     def lock(self, node) -> Any:
@@ -85,13 +79,11 @@ class BasePrefixCache:
     def evict_mamba(self, num: int) -> int:
         return 0
 
+    # Abstract for a plain tree: the scheduler calls these only after supports_mamba() / supports_swa().
     def track_after_extend(self, req, prefix_len: int, extend_end: int) -> None:
         raise NotImplementedError
 
     def decode_tracks(self, reqs, kvs=None) -> dict[int, tuple[int, int]]:
-        raise NotImplementedError
-
-    def track_after_decode(self, req) -> tuple[int, int] | None:
         raise NotImplementedError
 
     def commit_decode_track(self, req, track: tuple[int, int]) -> None:
@@ -101,9 +93,6 @@ class BasePrefixCache:
         raise NotImplementedError
 
     def swa_protected_size(self) -> int:
-        raise NotImplementedError
-
-    def evict_sliding_window(self, req, pre_len: int, eviction_interval: int = 1) -> None:
         raise NotImplementedError
 
     def on_release(self, req, checkpointed: bool) -> None:

@@ -115,9 +115,9 @@ class ScheduleBatch:
         kvs = [r.kv for r in self.reqs]  # typed requests: native reads when compiled
         alloc_for_decode_kvs(kvs, tree, self.req_to_token_pool)
         seq_lens = []  # kv_committed_len + 1 before the allocation, i.e. after it; one pass over the batch
-        for r in self.reqs:
+        for r, kv in zip(self.reqs, kvs):
             r.decode_batch_idx += 1
-            seq_lens.append(r.kv.kv_committed_len)
+            seq_lens.append(kv.kv_committed_len)
         self.decode_seq_lens = seq_lens
         if tree.supports_mamba():
             self.mamba_tracks = tree.decode_tracks(self.reqs, kvs) or None

@@ -407,9 +407,9 @@ def test_long_keys_match_up_to_the_first_unequal_page(page_size):
 
 
 # ---------------------------------------------------------------- the interface the scheduler types its tree as
-TREE_METHODS = ("reset", "supports_prefix_sharing", "match_prefix", "insert", "evict", "evict_for_alloc",
-                "evictable_size", "full_evictable_size", "protected_size", "total_size", "lock", "unlock",
-                "path_device_indices", "checkpoint", "check_integrity")
+TREE_METHODS = ("reset", "supports_prefix_sharing", "match_prefix", "evict_for_alloc", "evictable_size",
+                "full_evictable_size", "protected_size", "lock", "unlock", "path_device_indices", "checkpoint",
+                "check_integrity")
 
 
 def test_every_tree_implements_the_base_interface():
@@ -426,10 +426,9 @@ def test_every_tree_implements_the_base_interface():
     for cls in (RadixCache, MambaRadixCache, SWARadixCache, DisabledRadixCache):
         assert [m for m in TREE_METHODS if not own(cls, m)] == [], cls.__name__
     assert own(RadixCache, "touch_prefix")
-    assert all(own(MambaRadixCache, m) for m in ("track_after_extend", "decode_tracks", "track_after_decode",
-                                                    "commit_decode_track", "supports_mamba", "evict_mamba"))
-    assert all(own(SWARadixCache, m) for m in ("swa_evictable_size", "swa_protected_size", "evict_sliding_window",
-                                                  "supports_swa"))
+    assert all(own(MambaRadixCache, m) for m in ("track_after_extend", "decode_tracks", "commit_decode_track",
+                                                    "supports_mamba", "evict_mamba"))
+    assert all(own(SWARadixCache, m) for m in ("swa_evictable_size", "swa_protected_size", "supports_swa"))
     tree, _, _ = make_tree(8, 1)
     with pytest.raises(NotImplementedError):  # a plain tree has no mamba tracks to ask for
         tree.decode_tracks([])
