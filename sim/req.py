@@ -9,6 +9,8 @@ import numpy as np
 from pools.req_kv import ReqKvInfo
 from traces.request import MAX_SEGMENT_LEN
 
+OUTPUT_IDS_ROOM = 4096  # output ids built with the prompt; a longer output grows its ids by doubling
+
 
 class Req:
     __slots__ = ("rid", "trace_req", "arrival_s", "origin_input_len", "target_output_len", "max_new_tokens",
@@ -81,11 +83,20 @@ class Req:
     # ---------------------------------------------------------------- token identity
     def prompt_tokens(self) -> np.ndarray:
         if self._prompt is None:
-            self._prompt = np.asarray(self.trace_req.prompt_tokens(), dtype=np.int64)
+            # the prompt and the first outputs in one array written once: inserts past the prompt (finish,
+            # decode checkpoints) then slice it instead of concatenating a copy of the prompt
+            room = min(self.output_stop_len, OUTPUT_IDS_ROOM)
+            ids = self.trace_req.tokens_with_output(room)
+            ids.flags.writeable = False
+            self._ids = ids
+            self._prompt = ids[: self.origin_input_len]
         return self._prompt
 
     def token_ids(self, n: int) -> np.ndarray:
         """The first ``n`` tokens of ``origin_input_ids + output_ids``."""
+        ids = self._ids
+        if ids is not None and n <= len(ids):
+            return ids[:n]
         prompt = self.prompt_tokens()
         if n <= len(prompt):
             return prompt[:n]

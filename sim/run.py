@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
@@ -27,6 +29,21 @@ from sim.step_time import (MEASURED_ERROR, AnalyticStepTime, Coefficients, Fixed
 from sim.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
 
 COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
+
+
+@contextlib.contextmanager
+def cycle_collector_paused():
+    """The event loop allocates millions of short-lived containers but almost no reference cycles (about
+    3,000 unreachable objects over the whole Mooncake trace), so the cycle collector's hundreds of passes
+    only cost time (about 5 % of a whole-trace run). Paused for the loop and restored after it, as
+    ``timeit`` does; what little garbage there is waits for the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def poolsim_version() -> str:
@@ -177,7 +194,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
-    sim.run(trace)
+    with cycle_collector_paused():
+        sim.run(trace)
     steps = recorder.step_frame(None if keep_steps else SUMMARY_STEP_COLUMNS)
     requests = recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,

@@ -90,6 +90,11 @@ class TraceReq:
 
         return -(self.rid * 1_000_000 + np.arange(1, n + 1, dtype=np.int64))
 
+    def tokens_with_output(self, n):
+        import numpy as np
+
+        return np.concatenate([self._prompt, self.output_tokens(n)])
+
 
 def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None,
             ignore_eos=False, swa=None):

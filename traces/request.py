@@ -40,16 +40,26 @@ def fold_segment_id(raw: int) -> int:
     return x >> 22  # the top 42 bits
 
 
-def segment_tokens(segments) -> np.ndarray:
-    """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated."""
+def segment_tokens(segments, tail: tuple[int, int] | None = None) -> np.ndarray:
+    """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated;
+    ``tail=(s, n)`` appends one more segment (a request's generated ids) in the same pass."""
     arr = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
     ids, lens = arr[:, 0], arr[:, 1]
     block = int(lens[0]) if len(lens) else 0
     if len(lens) > 1 and lens[-1] <= block and (lens[1:-1] == block).all():
         # equal blocks and a shorter tail (Mooncake's 512-token hash blocks): one broadcast add writes every id
         # once (repeat + arange + add pass over the prompt three times); the same ids
-        grid = (ids << SEGMENT_BITS)[:, None] + np.arange(block, dtype=np.int64)
-        return grid.reshape(-1)[: int(lens.sum())]
+        total = int(lens.sum())
+        extra = tail[1] if tail is not None else 0
+        out = np.empty(max(len(lens) * block, total + extra), dtype=np.int64)
+        np.add((ids << SEGMENT_BITS)[:, None], np.arange(block, dtype=np.int64),
+               out=out[: len(lens) * block].reshape(len(lens), block))
+        if extra:  # written after the grid: it overwrites the last block's unused columns
+            np.add(tail[0] << SEGMENT_BITS, np.arange(extra, dtype=np.int64), out=out[total: total + extra])
+        return out[: total + extra]
+    if tail is not None and tail[1]:
+        arr = np.concatenate([arr, np.array([tail], dtype=np.int64)])
+        ids, lens = arr[:, 0], arr[:, 1]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if len(ends) else 0
     # token i of the prompt in segment s starting at position p: s * 2**20 + (i - p); one repeat, one add
@@ -194,6 +204,15 @@ class Request:
         if self.segments is not None:
             return segment_tokens(self.segments)
         return segment_tokens(((self.prompt_segment, self.input_len),))
+
+    def tokens_with_output(self, n: int) -> np.ndarray:
+        """``prompt_tokens()`` followed by ``output_tokens(n)`` in one array, the prompt's ids written once."""
+        if not 0 <= n <= MAX_SEGMENT_LEN:
+            raise ValueError(f"n must lie in [0, 2**20], got {n}")
+        if self.token_ids is not None:
+            return np.concatenate([self.token_ids, self.output_tokens(n)])
+        segments = self.segments if self.segments is not None else ((self.prompt_segment, self.input_len),)
+        return segment_tokens(segments, (self.generated_segment, n))
 
     def output_tokens(self, n: int) -> np.ndarray:
         """The ids of the first ``n`` generated tokens."""

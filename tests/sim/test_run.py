@@ -92,3 +92,17 @@ def test_every_step_conserves_every_pool(model, gpu, args):
     assert r.summary["finished"] + r.summary["aborted"] == len(r.requests) == len(trace)
     if not args.disable_radix_cache:
         assert r.summary["evicted_tokens"] > 0  # the pools really were under pressure
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_cycle_collector_is_paused_for_the_loop_and_restored(enabled_before):
+    import gc
+    seen = []
+    trace = slice_trace(load_trace(DEFAULT_TRACE), 0, 20)
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        _run("llama-3.1-8b_H100", trace, progress=lambda done, now: seen.append(gc.isenabled()))
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()
+    assert seen and not any(seen)  # off during the event loop

@@ -34,6 +34,33 @@ def test_segment_tokens_exact_ids_on_both_paths(segments, expected):
     assert got.tolist() == expected and got.dtype == np.int64 and got.ndim == 1
 
 
+# written out by hand: a tail (s, n) appends s * 2**20 + [0, n) after the prompt's ids
+@pytest.mark.parametrize("segments, tail, expected", [
+    # broadcast path, shorter last block: the tail starts right after it, inside the last block's grid row
+    (((3, 2), (7, 2), (9, 1)), (5, 3), [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB,
+                                        5 * MIB, 5 * MIB + 1, 5 * MIB + 2]),
+    # broadcast path, full last block
+    (((3, 2), (7, 2)), (5, 1), [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 5 * MIB]),
+    # general path (one segment)
+    (((3, 2),), (5, 2), [3 * MIB, 3 * MIB + 1, 5 * MIB, 5 * MIB + 1]),
+    # an empty tail adds nothing
+    (((3, 2), (7, 1)), (5, 0), [3 * MIB, 3 * MIB + 1, 7 * MIB]),
+])
+def test_segment_tokens_with_a_tail(segments, tail, expected):
+    got = segment_tokens(segments, tail)
+    assert got.tolist() == expected and got.dtype == np.int64 and got.ndim == 1
+
+
+def test_tokens_with_output_is_the_prompt_then_the_outputs():
+    r = Request(rid=3, arrival_s=0.0, input_len=600, output_len=4, segments=((5, 512), (9, 88)))
+    got = r.tokens_with_output(3)
+    assert got[:600].tolist() == [5 * MIB + i for i in range(512)] + [9 * MIB + i for i in range(88)]
+    # (2**42 + 2*3 + 1) * 2**20 = 2**62 + 7340032, the private output segment
+    assert got[600:].tolist() == [4611686018434727936 + i for i in range(3)]
+    explicit = Request(rid=3, arrival_s=0.0, input_len=2, output_len=4, token_ids=[11, 12])
+    assert explicit.tokens_with_output(2).tolist() == [11, 12, 4611686018434727936, 4611686018434727937]
+
+
 def test_partial_block_is_a_prefix_of_the_full_block():
     partial = Request(rid=0, arrival_s=0.0, input_len=612, output_len=1, segments=((5, 512), (9, 100)))
     full = Request(rid=1, arrival_s=0.0, input_len=1024, output_len=1, segments=((5, 512), (9, 512)))
