@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import sys
 import time
 import typing
@@ -13,9 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-import typer
+# poolsim calls no BLAS routine, yet OpenBLAS starts a worker thread per core when numpy loads and they spin
+# for ~0.1 CPU s: one thread unless the user set it (before anything imports numpy)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from sim import ROUTERS
+import typer  # noqa: E402
+
+from sim import ROUTERS  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Capacity planner for LLM-serving memory: SGLang's pools, radix cache and scheduler, simulated.")

@@ -14,11 +14,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as cli.py sets it for `poolsim`: no idle BLAS threads spinning
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -17,3 +17,20 @@ def test_every_parameter_has_help():
     missing = [f"{path} {'/'.join(p.opts)}" for path, cmd in _commands(typer.main.get_command(app))
                for p in cmd.params if not (getattr(p, "help", None) or "").strip()]
     assert missing == []
+
+
+def test_the_cli_runs_openblas_on_one_thread_unless_told_otherwise():
+    """poolsim calls no BLAS routine: its CLI starts numpy with one OpenBLAS thread (idle workers spin ~0.1 CPU s),
+    and a value the user set stays."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "import cli, numpy, os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_NUM_THREADS": "4"}, cwd=root,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "4"
