@@ -37,6 +37,8 @@ class ScheduleBatch:
         self.cached_lens: list[int] = []  # prefix hits at admission (a continuing chunk's prefix is its own)
         self.decode_seq_lens: list[int] = []
         self.chunked_req: Any = None
+        # Untyped: a batch built only for its shape (the step-time model's tests) holds no tree or pool; the
+        # methods that call the tree read it into a local typed BasePrefixCache so the compiled calls are direct.
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
         # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
