@@ -17,9 +17,9 @@ the chunk grid during prefill and every ``mamba_track_interval`` tokens during d
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
-from itertools import islice
 from typing import Any
 
 from pools.errors import MambaCapacityError, PoolError
@@ -48,6 +48,14 @@ class MambaRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self.mamba_lru: OrderedDict[int, TreeNode] = OrderedDict()  # first = least recently used
+        # The unlocked part of mamba_lru in the same order, for eviction: (stamp, push number, node) entries, stamps
+        # rising with every append/move_to_end, so the smallest valid entry is the first unlocked node of mamba_lru.
+        # Entries go stale (node moved, locked or freed) and are dropped when they reach the top; a node unlocked
+        # again is pushed anew (the push number keeps two entries of one node from comparing nodes). Scanning
+        # mamba_lru past the locked nodes at its head instead cost O(locked) per eviction.
+        self._mamba_unlocked: list[tuple[int, int, TreeNode]] = []
+        self._mamba_stamp = 0
+        self._mamba_pushes = 0
         self.mamba_evictable_size_ = 0
         self.mamba_protected_size_ = 0
 
@@ -72,6 +80,7 @@ class MambaRadixCache(RadixCache):
         super()._touch_match(best)
         if best.mamba_value is not None:
             self.mamba_lru.move_to_end(best.id)
+            self._mamba_touched(best)
 
     def _finish_match(self, key, values, best, best_values, full_hit, req=None, cow_mamba=False,
                       **kwargs) -> MatchResult:
@@ -100,6 +109,7 @@ class MambaRadixCache(RadixCache):
         if is_new_leaf or node.mamba_value is None:
             node.mamba_value = mamba_value
             self.mamba_lru[node.id] = node
+            self._mamba_touched(node)
             if node.mamba_lock_ref > 0:
                 self.mamba_protected_size_ += 1
             else:
@@ -108,8 +118,25 @@ class MambaRadixCache(RadixCache):
                 self._touch(node, self._tick())
             return False
         self.mamba_lru.move_to_end(node.id)
+        self._mamba_touched(node)
         self._touch(node, self._tick())
         return True
+
+    def _mamba_touched(self, node: TreeNode) -> None:
+        """``node`` was just appended or moved to the end of mamba_lru."""
+        self._mamba_stamp += 1
+        node.mamba_lru_stamp = self._mamba_stamp
+        if node.mamba_lock_ref == 0:
+            self._push_unlocked(node)
+
+    def _push_unlocked(self, node: TreeNode) -> None:
+        heap = self._mamba_unlocked
+        if len(heap) > 2 * len(self.mamba_lru) + 64:  # mostly stale: rebuild from the live entries
+            heap[:] = [(n.mamba_lru_stamp, 0, n) for n in self.mamba_lru.values() if n.mamba_lock_ref == 0
+                       and n is not node]  # one entry per node: stamps unique, nodes never compared
+            heapq.heapify(heap)
+        self._mamba_pushes += 1
+        heapq.heappush(heap, (node.mamba_lru_stamp, self._mamba_pushes, node))
 
     def _split_prompt(self, req, key, last_node) -> None:
         pass  # only a FULL-only tree re-inserts the prompt
@@ -127,10 +154,11 @@ class MambaRadixCache(RadixCache):
         if node is not self.root_node:
             if node.mamba_lock_ref <= 0:
                 raise PoolError(f"mamba unlock of node {node.id} whose mamba lock_ref is already 0")
-            if node.mamba_lock_ref == 1 and node.mamba_value is not None:
+            node.mamba_lock_ref -= 1
+            if node.mamba_lock_ref == 0 and node.mamba_value is not None:
                 self.mamba_evictable_size_ += 1
                 self.mamba_protected_size_ -= 1
-            node.mamba_lock_ref -= 1
+                self._push_unlocked(node)
         return super().dec_lock_ref(node)
 
     # ------------------------------------------------------------------ eviction
@@ -144,16 +172,15 @@ class MambaRadixCache(RadixCache):
     def evict_mamba(self, num: int) -> int:
         """Free ``num`` state slots, least recently used first: an internal node loses only its state,
         a leaf is deleted with its KV. Returns states freed."""
-        freed = skipped = 0
+        freed = 0
+        heap, lru = self._mamba_unlocked, self.mamba_lru
         while freed < num:
-            # Freeing a node removes only that node from the LRU, so the locked nodes skipped so far stay
-            # at its head: resume after them (a C-level skip) rather than copying or rescanning the list.
             victim = None
-            for node in islice(self.mamba_lru.values(), skipped, None):
-                if node.mamba_lock_ref == 0:
+            while heap:
+                stamp, _, node = heapq.heappop(heap)
+                if node.mamba_lock_ref == 0 and node.mamba_lru_stamp == stamp and lru.get(node.id) is node:
                     victim = node
                     break
-                skipped += 1
             if victim is None:
                 break
             if victim in self.evictable_leaves:

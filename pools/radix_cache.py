@@ -51,7 +51,7 @@ class RadixKey:
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in swa_* (not compiled)
 class TreeNode:
     __slots__ = ("id", "children", "parent", "key", "value", "extra_key", "lock_ref", "last_access_time",
-                 "mamba_value", "mamba_lock_ref")
+                 "mamba_value", "mamba_lock_ref", "mamba_lru_stamp")
 
     def __init__(self, node_id: int, key: np.ndarray, value: np.ndarray, parent: "TreeNode | None",
                  extra_key: str | None = None):
@@ -65,6 +65,7 @@ class TreeNode:
         self.last_access_time = 0.0
         self.mamba_value: int | None = None  # state slot holding the state after this node's last token
         self.mamba_lock_ref = 0
+        self.mamba_lru_stamp = 0  # the mamba tree's LRU position: larger = more recently used
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, t={self.last_access_time})"

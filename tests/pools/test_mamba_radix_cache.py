@@ -179,3 +179,43 @@ def test_disabled_cache_frees_everything_and_matches_nothing():
     assert alloc.available_size() == 64 and pool.mamba_allocator.available_size() == 4
     b = FakeReq(list(range(1, 9)))
     assert match_prefix_for_req(b, tree).prefix_len == 0
+
+
+
+def test_evict_mamba_skips_locked_states_and_keeps_lru_order_across_locks():
+    """The mamba LRU by hand: states inserted A, B, C, D (oldest first), A locked. A match touches B, so the
+    order is A, C, D, B: the first eviction skips locked A and takes C (not B, the oldest insert). A is then
+    unlocked (after a second lock, and a relock without a touch): it keeps its place at the head and goes next,
+    before D and B."""
+    import numpy as np
+
+    from pools.radix_cache import RadixKey
+
+    tree, pool, alloc = make(64, 4)
+    nodes = []
+    for key in ([1, 2], [3, 4], [5, 6], [7, 8]):
+        slot = int(tree.mamba_allocator.alloc(1)[0])
+        nodes.append(tree.insert(RadixKey(key), alloc.alloc(2), mamba_value=slot).last_node)
+    a, b, c, d = nodes
+    assert [n.mamba_value for n in nodes] == [1, 2, 3, 4]
+
+    tree.inc_lock_ref(a)
+    tree.inc_lock_ref(a)
+    tree.dec_lock_ref(a)  # still locked once
+    assert tree.match_prefix(RadixKey([3, 4])).prefix_len == 2
+    assert list(tree.mamba_lru.values()) == [a, c, d, b]
+    assert tree.evict_mamba(1) == 1
+    assert c.mamba_value is None and list(tree.mamba_lru.values()) == [a, d, b]
+    assert 5 not in tree.root_node.children  # C was a leaf: deleted with its KV
+
+    tree.dec_lock_ref(a)
+    tree.inc_lock_ref(a)  # lock and unlock again without a touch: A's place in the LRU does not change
+    tree.dec_lock_ref(a)
+    assert tree.mamba_evictable_size() == 3
+    assert tree.evict_mamba(2) == 2
+    assert list(tree.mamba_lru.values()) == [b]
+    assert tree.evict_mamba(5) == 1  # only B is left
+    assert not tree.mamba_lru and not tree.root_node.children
+    assert as_list(tree.mamba_allocator.free_slots) == [3, 1, 4, 2]
+    assert np.array_equal(np.sort(alloc.free_pages), np.arange(1, 65))
+    tree.check_integrity()
