@@ -67,7 +67,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def _stage(self, ids) -> None:
         self._free.mark_free(ids)
-        self.staged.append(self.xp.copy(ids))
+        self.staged.append(self.xp.keep(ids))
         self.num_staged += len(ids)
 
     def merge_and_sort_free(self) -> None:
@@ -147,7 +147,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if len(free_index) == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(self.xp.copy(free_index))
+            self.free_group.append(self.xp.keep(free_index))
         elif self.need_sort:
             self._stage(free_index)
         else:
@@ -240,7 +240,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if len(free_index) == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(self.xp.copy(free_index))
+            self.free_group.append(self.xp.keep(free_index))
         else:
             self._release_page_ids(self.xp.unique(free_index // self.page_size))
 
@@ -260,7 +260,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is None:
             self._release_page_ids(page_ids)
         else:
-            self.free_page_ids_group.append(self.xp.copy(page_ids))
+            self.free_page_ids_group.append(self.xp.keep(page_ids))
 
     def _release_page_ids(self, page_ids) -> None:
         if self.need_sort:

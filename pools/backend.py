@@ -45,6 +45,14 @@ class NumpyBackend:
     def copy(self, x: np.ndarray) -> np.ndarray:
         return x.copy()
 
+    def keep(self, x: np.ndarray) -> np.ndarray:
+        """An array to hold on to after the caller is done: ``x`` itself when its memory can never change (the
+        array owning it is read-only: a tree node's slots, which die freed), else a copy."""
+        root = x
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return x if root.base is None and not root.flags.writeable else x.copy()
+
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x, dtype=np.int64).reshape(-1)
 
@@ -74,7 +82,10 @@ class TorchBackend:
         t = self.torch
         if isinstance(x, t.Tensor):
             return x.to(device=self.device, dtype=t.int64).reshape(-1)
-        return t.as_tensor(np.asarray(x, dtype=np.int64).reshape(-1), device=self.device)
+        host = np.asarray(x, dtype=np.int64).reshape(-1)
+        if not host.flags.writeable:  # a tree node's frozen slots: torch cannot share read-only memory
+            host = host.copy()
+        return t.as_tensor(host, device=self.device)
 
     def arange(self, start: int, stop: int):
         return self.torch.arange(start, stop, dtype=self.torch.int64, device=self.device)
@@ -94,6 +105,9 @@ class TorchBackend:
         return self.torch.sort(x, stable=True).values
 
     def copy(self, x):
+        return x.clone()
+
+    def keep(self, x):
         return x.clone()
 
     def to_numpy(self, x) -> np.ndarray:

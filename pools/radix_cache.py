@@ -336,7 +336,9 @@ class RadixCache(BasePrefixCache):
             node = child
             pos += plen
         if pos < len(tokens):
-            target = self._add_new_node(node, tokens[pos:].copy(), np.array(value[pos:], dtype=np.int64), extra)
+            slots = np.array(value[pos:], dtype=np.int64)
+            slots.flags.writeable = False  # a node's slots never change: freed, the free list keeps them uncopied
+            target = self._add_new_node(node, tokens[pos:].copy(), slots, extra)
             is_new_leaf = True
         else:
             target, is_new_leaf = node, False

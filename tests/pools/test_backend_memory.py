@@ -27,3 +27,29 @@ def test_touching_every_row_of_a_large_table_costs_pages_not_the_table():
     assert int(table[7, :10].sum()) == 7 + 10 and int(table.sum(dtype=np.int64)) == sum(range(rows)) + 10
     small = xp.zeros_int32((3, 4))
     assert small.tolist() == [[0] * 4] * 3
+
+
+def test_a_freed_array_is_kept_uncopied_only_when_nothing_can_change_it():
+    """The free list keeps a freed array itself only when the array owning its memory is read-only (a tree
+    node's slots); anything else (a view of a writeable table, a writeable array) is copied, so a caller that
+    rewrites its buffer afterwards cannot change the free list."""
+    from pools.free_list import FreeList
+
+    xp = get_backend(None)
+    node_slots = np.array([7, 8, 9], dtype=np.int64)
+    node_slots.flags.writeable = False
+    assert xp.keep(node_slots) is node_slots
+    assert xp.keep(node_slots[1:]).base is node_slots  # a split node's view: still nothing can write it
+    table = np.arange(20, dtype=np.int64).reshape(4, 5)
+    row_view = table[2, 1:4]
+    row_view.flags.writeable = False  # read-only view, but the table under it is writeable
+    assert not np.shares_memory(xp.keep(row_view), table)
+    plain = np.array([1, 2], dtype=np.int64)
+    assert xp.keep(plain) is not plain
+
+    free = FreeList(xp, 20, "slot")
+    free.take(20)
+    free.push_back(node_slots)
+    free.push_back(table[0, 1:3])
+    table[0, 1:3] = [15, 16]  # the caller reuses its buffer
+    assert free.take(5).tolist() == [7, 8, 9, 1, 2]
