@@ -145,13 +145,13 @@ def alloc_for_decode_kvs(kvs: list[ReqKvInfo], tree_cache: BasePrefixCache,
     batch) reads ``r.kv`` natively in the compiled build."""
     allocator = tree_cache.token_to_kv_pool_allocator
     ps = allocator.page_size
-    # every request on every decode step: plain comprehensions (native loops when compiled) beat map(attrgetter)
-    # + np.fromiter in both builds (callgrind, bench/README.md)
-    rows = np.array([kv.req_pool_idx for kv in kvs], dtype=np.int64)
-    seq_lens = np.array([kv.kv_committed_len for kv in kvs], dtype=np.int64)
+    # every request on every decode step: native loops when compiled; page size 1 needs no row/length arrays
     if ps == 1:
         out = alloc_token_slots(tree_cache, len(kvs))
+        req_to_token_pool.write_decode(kvs, out)
     else:
+        rows = np.array([kv.req_pool_idx for kv in kvs], dtype=np.int64)
+        seq_lens = np.array([kv.kv_committed_len for kv in kvs], dtype=np.int64)
         last_loc = np.asarray(req_to_token_pool.req_to_token[rows, seq_lens - 1], dtype=np.int64)
         evict_from_tree_cache(tree_cache, len(kvs) * ps)
         out = allocator.alloc_decode(seq_lens + 1, last_loc)
@@ -159,7 +159,7 @@ def alloc_for_decode_kvs(kvs: list[ReqKvInfo], tree_cache: BasePrefixCache,
             raise OutOfMemoryError(f"Decode out of memory. Try to allocate {len(kvs)} tokens; "
                                    f"available {allocator.available_size()}, evictable {tree_cache.evictable_size()}")
         out = np.asarray(out, dtype=np.int64)
-    req_to_token_pool.write((rows, seq_lens), out)
+        req_to_token_pool.write((rows, seq_lens), out)
     for kv in kvs:
         kv.kv_allocated_len += 1
         kv.kv_committed_len += 1

@@ -24,6 +24,7 @@ class ReqToTokenPool:
         self.device = device
         self.xp = get_backend(device)
         self.req_to_token = self.xp.zeros_int32((size + 1, max_context_len))
+        self._flat = self.req_to_token.reshape(-1)  # a view: position row * max_context_len + pos
         self.clear()
 
     def clear(self) -> None:
@@ -89,6 +90,24 @@ class ReqToTokenPool:
         if self.xp.name == "torch":
             values = self.xp.asarray(values).to(self.req_to_token.dtype)
         self.req_to_token[indices] = values
+
+    def write_decode(self, kvs: list[ReqKvInfo], values) -> None:
+        """``req_to_token[kv.req_pool_idx, kv.kv_committed_len] = value`` for each request, in order: a decode
+        step's one new slot per request, as one flat scatter (one index conversion, not a row and a position
+        array)."""
+        width = self.max_context_len
+        flat = []
+        for kv in kvs:
+            row, pos = kv.req_pool_idx, kv.kv_committed_len
+            if row is None:
+                raise PoolError("a decode write for a request that holds no row")
+            if not 0 <= pos < width:
+                raise PoolError(f"write past max_context_len {width} (to position {pos})")
+            flat.append(row * width + pos)
+        if self.xp.name == "torch":
+            self._flat[self.xp.asarray(flat)] = self.xp.asarray(values).to(self.req_to_token.dtype)
+        else:
+            self._flat.put(flat, values)
 
     def check_integrity(self) -> None:
         free = self.free_slots

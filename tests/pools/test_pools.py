@@ -194,3 +194,23 @@ def test_torch_kv_buffers_have_the_logged_shapes():
     mla = MLATokenToKVPool(10, 1, "fp8_e4m3", 16, 8, 2, device="cpu")
     assert mla.kv_buffer[0].dtype == torch.uint8 and tuple(mla.kv_buffer[0].shape) == (11, 1, 24)
     assert mla.get_kv_size_bytes() == sum(b.numel() * b.element_size() for b in mla.kv_buffer)
+
+
+def test_decode_write_scatters_one_slot_per_request_and_never_spills_into_the_next_row(device):
+    from pools.req_kv import ReqKvInfo
+
+    pool = ReqToTokenPool(3, 8, device=device)
+    a, b = ReqKvInfo(), ReqKvInfo()
+    a.req_pool_idx, a.kv_committed_len = 2, 5
+    b.req_pool_idx, b.kv_committed_len = 1, 7
+    pool.write_decode([a, b], [41, 42])
+    table = pool.req_to_token.tolist()
+    assert table[2][5] == 41 and table[1][7] == 42
+    assert sum(v != 0 for row in table for v in row) == 2
+    b.kv_committed_len = 8  # flat position 1 * 8 + 8 is row 2's first slot: refused, not written there
+    with pytest.raises(PoolError, match="max_context_len 8"):
+        pool.write_decode([b], [43])
+    b.req_pool_idx = None
+    with pytest.raises(PoolError, match="holds no row"):
+        pool.write_decode([b], [43])
+    assert pool.req_to_token.tolist()[2][0] == 0
