@@ -23,13 +23,13 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The modules a py-spy profile of the Mooncake run spends its time in (pools/backend.py stays Python: its torch
-# backend keeps a module in an attribute, which mypyc drops). The manifest the build writes is the run time's
-# list of what was compiled.
+# backend keeps a module in an attribute, which mypyc drops; the numpy backend is pools/numpy_backend.py). The
+# manifest the build writes is the run time's list of what was compiled.
 COMPILED_MODULES = [
     "pools.radix_cache", "pools.mamba_radix_cache", "pools.allocator", "pools.free_list", "pools.req_to_token_pool",
     "pools.allocation", "pools.kv_cache", "pools.mamba_pool", "pools.base_prefix_cache", "pools.no_cache",
-    "pools.req_kv", "sim.scheduler", "sim.engine", "sim.prefill_adder", "sim.schedule_batch", "sim.schedule_policy",
-    "sim.req", "sim.step_time",
+    "pools.req_kv", "pools.numpy_backend", "sim.scheduler", "sim.engine", "sim.prefill_adder", "sim.schedule_batch",
+    "sim.schedule_policy", "sim.req", "sim.step_time",
 ]
 MANIFEST = "_compiled_sources.json"  # {source path: sha256} of what was compiled (pools/_pure_python.py)
 METADATA_COMMANDS = {"dist_info", "egg_info", "sdist"}  # top-level commands that build nothing
