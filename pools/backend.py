@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pools.numpy_backend import LAZY_MMAP_BYTES, NumpyBackend  # noqa: F401  (re-exported: the numpy backend)
+from pools.numpy_backend import LAZY_MMAP_BYTES, NUMPY_BACKEND, NumpyBackend  # noqa: F401  (re-exported)
 
 
 class TorchBackend:
@@ -66,7 +66,7 @@ class TorchBackend:
         return self.torch.zeros(shape, dtype=self.torch.int32, device=self.device)
 
 
-NUMPY = NumpyBackend()
+NUMPY = NUMPY_BACKEND
 
 
 def get_backend(device: str | None):

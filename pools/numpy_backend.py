@@ -69,3 +69,6 @@ class NumpyBackend:
         if nbytes < LAZY_MMAP_BYTES:
             return np.zeros(shape, dtype=np.int32)
         return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.int32).reshape(shape)
+
+
+NUMPY_BACKEND = NumpyBackend()  # the one instance every numpy pool shares

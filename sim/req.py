@@ -88,6 +88,8 @@ class Req:
             room = min(self.output_stop_len, OUTPUT_IDS_ROOM)
             ids = self.trace_req.tokens_with_output(room)
             ids.flags.writeable = False
+            if ids.base is not None and ids.base.base is None:
+                ids.base.flags.writeable = False  # the buffer under the slice: tree keys may then be views of it
             self._ids = ids
             self._prompt = ids[: self.origin_input_len]
         return self._prompt

@@ -432,3 +432,20 @@ def test_every_tree_implements_the_base_interface():
     tree, _, _ = make_tree(8, 1)
     with pytest.raises(NotImplementedError):  # a plain tree has no mamba tracks to ask for
         tree.decode_tracks([])
+
+
+def test_a_node_key_is_a_view_only_of_ids_nothing_can_rewrite():
+    """Inserted keys are kept as views when the array owning them is read-only (a request's token ids), and
+    copied otherwise: rewriting a writeable source afterwards must not change what the tree matches."""
+    tree, pool, alloc = make_tree(32, 1)
+    frozen = np.arange(100, 110, dtype=np.int64)
+    frozen.flags.writeable = False
+    node = tree.insert(RadixKey(frozen[:6]), alloc.alloc(6)).last_node
+    assert np.shares_memory(node.key, frozen)
+    scratch = np.arange(200, 206, dtype=np.int64)
+    other = tree.insert(RadixKey(scratch), alloc.alloc(6)).last_node
+    assert not np.shares_memory(other.key, scratch)
+    scratch[:] = 0  # the caller reuses its buffer
+    assert tree.match_prefix(RadixKey(np.arange(200, 206))).prefix_len == 6
+    assert tree.match_prefix(RadixKey(np.zeros(6, dtype=np.int64))).prefix_len == 0
+    assert tree.match_prefix(RadixKey(frozen)).prefix_len == 6
