@@ -43,23 +43,27 @@ def fold_segment_id(raw: int) -> int:
 def segment_tokens(segments, tail: tuple[int, int] | None = None) -> np.ndarray:
     """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated;
     ``tail=(s, n)`` appends one more segment (a request's generated ids) in the same pass."""
+    nseg = len(segments)
+    if nseg > 1:
+        block, last = segments[0][1], segments[-1][1]
+        if last <= block and all(n == block for _, n in segments[1:-1]):
+            # equal blocks and a shorter tail (Mooncake's 512-token hash blocks): one broadcast add writes every id
+            # once (repeat + arange + add pass over the prompt three times); the same ids. The checks run on the
+            # tuples: a numpy array of a few dozen pairs costs more to build than the checks.
+            total = block * (nseg - 1) + last
+            extra = tail[1] if tail is not None else 0
+            ids = np.fromiter([seg for seg, _ in segments], dtype=np.int64, count=nseg)
+            out = np.empty(max(nseg * block, total + extra), dtype=np.int64)
+            np.add((ids << SEGMENT_BITS)[:, None], np.arange(block, dtype=np.int64),
+                   out=out[: nseg * block].reshape(nseg, block))
+            if extra:  # written after the grid: it overwrites the last block's unused columns
+                np.add(tail[0] << SEGMENT_BITS, np.arange(extra, dtype=np.int64),  # type: ignore[index]
+                       out=out[total: total + extra])
+            return out[: total + extra]
     arr = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
-    ids, lens = arr[:, 0], arr[:, 1]
-    block = int(lens[0]) if len(lens) else 0
-    if len(lens) > 1 and lens[-1] <= block and (lens[1:-1] == block).all():
-        # equal blocks and a shorter tail (Mooncake's 512-token hash blocks): one broadcast add writes every id
-        # once (repeat + arange + add pass over the prompt three times); the same ids
-        total = int(lens.sum())
-        extra = tail[1] if tail is not None else 0
-        out = np.empty(max(len(lens) * block, total + extra), dtype=np.int64)
-        np.add((ids << SEGMENT_BITS)[:, None], np.arange(block, dtype=np.int64),
-               out=out[: len(lens) * block].reshape(len(lens), block))
-        if extra:  # written after the grid: it overwrites the last block's unused columns
-            np.add(tail[0] << SEGMENT_BITS, np.arange(extra, dtype=np.int64), out=out[total: total + extra])
-        return out[: total + extra]
     if tail is not None and tail[1]:
         arr = np.concatenate([arr, np.array([tail], dtype=np.int64)])
-        ids, lens = arr[:, 0], arr[:, 1]
+    ids, lens = arr[:, 0], arr[:, 1]
     ends = np.cumsum(lens)
     total = int(ends[-1]) if len(ends) else 0
     # token i of the prompt in segment s starting at position p: s * 2**20 + (i - p); one repeat, one add
