@@ -161,3 +161,10 @@ def test_replace_revalidates():
     assert dataclasses.replace(r, rid=5).prompt_tokens()[0] == (2**42 + 10) * MIB
     with pytest.raises(RequestError):
         dataclasses.replace(r, input_len=0)
+
+
+@pytest.mark.parametrize("form", [tuple, lambda s: [list(p) for p in s], np.array])
+def test_segment_tokens_reads_any_pair_container_on_the_broadcast_path(form):
+    segments = ((3, 2), (7, 2), (9, 1))  # equal blocks and a shorter tail
+    got = segment_tokens(form(segments), (5, 1))
+    assert got.tolist() == [3 * MIB, 3 * MIB + 1, 7 * MIB, 7 * MIB + 1, 9 * MIB, 5 * MIB]
