@@ -123,7 +123,7 @@ class FreeList:
         if self.checks:
             self.check_freeable(ids)
             self._mark(ids, free=True)
-        ids = self.xp.keep(ids)  # the caller may reuse its array (SGLang clones for the same reason); a node's are final
+        ids = self.xp.keep(ids)  # the caller may reuse its array (SGLang clones); a tree node's never change
         if front:
             self._segs.appendleft(ids)
         else:
