@@ -51,9 +51,6 @@ class TorchBackend:
     def sort(self, x):
         return self.torch.sort(x, stable=True).values
 
-    def copy(self, x):
-        return x.clone()
-
     def keep(self, x):
         return x.clone()
 
@@ -66,11 +63,8 @@ class TorchBackend:
         return self.torch.zeros(shape, dtype=self.torch.int32, device=self.device)
 
 
-NUMPY = NUMPY_BACKEND
-
-
 def get_backend(device: str | None):
     """``None`` -> numpy; a torch device string -> torch on that device."""
     if device is None or device == "numpy":
-        return NUMPY
+        return NUMPY_BACKEND
     return TorchBackend(device)

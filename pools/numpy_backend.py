@@ -44,9 +44,6 @@ class NumpyBackend:
     def sort(self, x: np.ndarray) -> np.ndarray:
         return np.sort(x, kind="stable")
 
-    def copy(self, x: np.ndarray) -> np.ndarray:
-        return x.copy()
-
     def keep(self, x: np.ndarray) -> np.ndarray:
         """An array to hold on to after the caller is done: ``x`` itself when its memory can never change (the
         array owning it is read-only: a tree node's slots, which die freed), else a copy."""
@@ -56,9 +53,7 @@ class NumpyBackend:
         return x if root.base is None and not root.flags.writeable else x.copy()
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        if type(x) is np.ndarray and x.ndim == 1 and x.dtype == _INT64:
-            return x
-        return np.asarray(x, dtype=np.int64).reshape(-1)
+        return self.asarray(x)  # the numpy backend's arrays are already host arrays
 
     def zeros_int32(self, shape: tuple[int, ...]) -> np.ndarray:
         # Zero pages mapped lazily, so a [rows, 1M] table costs only the pages touched. Large tables come from an

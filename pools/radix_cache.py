@@ -25,7 +25,7 @@ from mypy_extensions import mypyc_attr
 
 from pools.base_prefix_cache import BasePrefixCache
 from pools.errors import PoolError
-from pools.numpy_backend import NUMPY_BACKEND as NUMPY
+from pools.numpy_backend import NUMPY_BACKEND
 from pools.req_kv import ReqKvInfo
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -339,7 +339,7 @@ class RadixCache(BasePrefixCache):
         if pos < len(tokens):
             slots = np.array(value[pos:], dtype=np.int64)
             slots.flags.writeable = False  # a node's slots never change: freed, the free list keeps them uncopied
-            target = self._add_new_node(node, NUMPY.keep(tokens[pos:]), slots, extra)
+            target = self._add_new_node(node, NUMPY_BACKEND.keep(tokens[pos:]), slots, extra)
             is_new_leaf = True
         else:
             target, is_new_leaf = node, False
