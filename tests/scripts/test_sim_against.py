@@ -1,0 +1,48 @@
+"""bench/sim_against.py: an older commit beside this tree, in a worktree it removes again (never a timed test)."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "sim_against.py"
+SLICE = ROOT / "tests" / "traces" / "data" / "mooncake_conversation_head400.jsonl"
+
+
+def _worktrees() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True,
+                          text=True, check=True).stdout
+
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None
+    or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0,
+    reason="needs a git checkout of poolsim (the script checks the older commit out of it)")
+
+
+def test_an_unknown_revision_is_one_error_line_and_leaves_no_worktree():
+    before = _worktrees()
+    res = subprocess.run([sys.executable, str(SCRIPT), "no-such-revision-0000"], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1].startswith("error: cannot check out no-such-revision-0000: ")
+    assert _worktrees() == before
+
+
+def test_head_beside_this_tree_prints_a_ratio_per_case_and_removes_its_worktree(tmp_path):
+    trace = tmp_path / "slice.jsonl"
+    trace.write_text("".join(SLICE.read_text().splitlines(keepends=True)[:20]))
+    before = _worktrees()
+    res = subprocess.run([sys.executable, str(SCRIPT), "HEAD", str(trace), "--pairs", "1"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith(f"trace {trace}; HEAD against this tree (")
+    # the worktree holds no build, so HEAD runs its sources; this tree runs whatever core it has
+    pattern = (r"(kimi-linear-48b-a3b / H200 tp1|llama-3\.1-70b / H100 tp8): HEAD \d+\.\d \([\d,]+ steps, Python\); "
+               r"this tree \d+\.\d \([\d,]+ steps, (compiled|Python)\); \d+\.\d\dx \(medians\)")
+    assert len(lines) == 3 and all(re.fullmatch(pattern, line) for line in lines[1:]), res.stdout
+    assert _worktrees() == before
