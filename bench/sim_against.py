@@ -55,8 +55,8 @@ print(json.dumps({"steps": int(s["steps"]), "cpu_s": time.process_time() - cpu0,
 """
 
 
-def run(root: Path, path: str, case: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(root), path, str(case), json.dumps(CASES)],
+def run(root: Path, path: Path, case: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(path), str(case), json.dumps(CASES)],
                          capture_output=True, text=True, cwd=root)
     if out.returncode:
         raise SystemExit(f"error: the run in {root} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -67,12 +67,18 @@ def main(argv: list[str]) -> None:
     pairs = 2
     if "--pairs" in argv:
         i = argv.index("--pairs")
-        pairs = int(argv[i + 1])
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"error: --pairs {value!r}: expected a whole number >= 1")
+        pairs = int(value)
         del argv[i:i + 2]
     if not argv:
         raise SystemExit(__doc__)
     rev = argv[0]
-    path = argv[1] if len(argv) > 1 else str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")
+    # absolute: each run's working directory is its own tree
+    path = Path(argv[1] if len(argv) > 1 else ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl").resolve()
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no such trace file")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     if head.returncode:
         raise SystemExit(f"error: {ROOT} is not a git checkout: {head.stderr.strip()}")

@@ -26,9 +26,22 @@ pytestmark = pytest.mark.skipif(
 
 def test_an_unknown_revision_is_one_error_line_and_leaves_no_worktree():
     before = _worktrees()
-    res = subprocess.run([sys.executable, str(SCRIPT), "no-such-revision-0000"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(SCRIPT), "no-such-revision-0000", str(SLICE)], capture_output=True,
+                         text=True)
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1].startswith("error: cannot check out no-such-revision-0000: ")
+    assert _worktrees() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["HEAD", "no-such-trace.jsonl"], "no such trace file"),
+    (["HEAD", str(SLICE), "--pairs", "0"], "error: --pairs '0': expected a whole number >= 1"),
+])
+def test_bad_arguments_are_one_error_line_before_any_checkout(args, message):
+    before = _worktrees()
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    assert res.returncode != 0 and res.stdout == ""
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
     assert _worktrees() == before
 
 
@@ -36,11 +49,12 @@ def test_head_beside_this_tree_prints_a_ratio_per_case_and_removes_its_worktree(
     trace = tmp_path / "slice.jsonl"
     trace.write_text("".join(SLICE.read_text().splitlines(keepends=True)[:20]))
     before = _worktrees()
-    res = subprocess.run([sys.executable, str(SCRIPT), "HEAD", str(trace), "--pairs", "1"], capture_output=True,
-                         text=True, cwd=ROOT)
+    # a path relative to where the script is started, though each run works in its own tree
+    res = subprocess.run([sys.executable, str(SCRIPT), "HEAD", "slice.jsonl", "--pairs", "1"], capture_output=True,
+                         text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
-    assert lines[0].startswith(f"trace {trace}; HEAD against this tree (")
+    assert lines[0].startswith(f"trace {trace.resolve()}; HEAD against this tree (")
     # the worktree holds no build, so HEAD runs its sources; this tree runs whatever core it has
     pattern = (r"(kimi-linear-48b-a3b / H200 tp1|llama-3\.1-70b / H100 tp8): HEAD \d+\.\d \([\d,]+ steps, Python\); "
                r"this tree \d+\.\d \([\d,]+ steps, (compiled|Python)\); \d+\.\d\dx \(medians\)")
