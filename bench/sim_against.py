@@ -26,7 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as sim_mooncake.py and cli
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from sim_mooncake import CASES  # noqa: E402
+from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402
 
 # The simulate() call every commit since 2026-11-29 accepts; the child refuses to run code from another tree
 # (an editable install of this one would otherwise shadow the worktree's modules).
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     rev = argv[0]
     # absolute: each run's working directory is its own tree
-    path = Path(argv[1] if len(argv) > 1 else ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl").resolve()
+    path = Path(argv[1] if len(argv) > 1 else DEFAULT_TRACE).resolve()
     if not path.is_file():
         raise SystemExit(f"error: {path}: no such trace file")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from sim_mooncake import CASES  # noqa: E402
+from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402
 
 CHILD = """
 import json, sys
@@ -62,7 +62,7 @@ def simulation_instructions(path: str, case: int, pure: bool) -> tuple[int, dict
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")
+    default = DEFAULT_TRACE
     parser.add_argument("trace", nargs="?", default=default)
     parser.add_argument("--requests", type=int, default=1500, help="the first N requests of the trace")
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = [("kimi-linear-48b-a3b", "H200", 1), ("llama-3.1-70b", "H100", 8)]
+DEFAULT_TRACE = str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")  # beside the repo
 COPY_ID_STRIDE = 1 << 38  # segment-id offset per copy: Mooncake block ids are far below it, 4 copies stay < 2**42
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> None:
         return
     x4 = "--no-x4" not in argv
     paths = [a for a in argv if not a.startswith("--")]
-    path = paths[0] if paths else str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")
+    path = paths[0] if paths else DEFAULT_TRACE
     print(f"trace {path}")
     print(f"{'model':<20} {'gpu':<4} {'tp':>2} {'trace':>5} {'requests':>8} {'steps':>7} {'CPU s':>6} {'wall s':>6} "
           f"{'req/CPU s':>9} {'steps/CPU s':>11} {'RSS GiB':>7} {'retr':>4}  steps/requests sha")

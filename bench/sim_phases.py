@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim_mooncake import CASES  # noqa: E402  (the same two runs as the speed benchmark)
+from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402  (the same two runs as the speed benchmark)
 
 # (module, class or None, attribute, what the phase is)
 PHASES = [
@@ -63,7 +63,7 @@ def instrument(stats: list) -> None:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trace", nargs="?", default=str(ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
+    ap.add_argument("trace", nargs="?", default=DEFAULT_TRACE)
     ap.add_argument("--case", type=int, choices=range(len(CASES)), default=0)
     opts = ap.parse_args(argv)
     stats = [[0, 0.0] for _ in PHASES]
