@@ -5,7 +5,7 @@ The pools never import the simulator: they see a request through the ``ReqLike``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -29,6 +29,11 @@ class ReqKvInfo:
     mamba_prev_track_seqlen: int | None = None
     # hybrid-SWA models: row positions [0, swa_evicted_seqlen) no longer hold SWA KV of the request's own
     swa_evicted_seqlen: int = 0
+    # ReqToTokenPool.write_decode's stamp of its last decode write for this request (not SGLang state): which
+    # write, at which index of its batch, and the flat table position written; never compared or shown
+    decode_write: int = field(default=-1, compare=False, repr=False)
+    decode_index: int = field(default=-1, compare=False, repr=False)
+    decode_flat: int = field(default=-1, compare=False, repr=False)
 
     @property
     def holds_kv(self) -> bool:

@@ -25,6 +25,7 @@ class ReqToTokenPool:
         self.xp = get_backend(device)
         self.req_to_token = self.xp.zeros_int32((size + 1, max_context_len))
         self._flat = self.req_to_token.reshape(-1)  # a view: position row * max_context_len + pos
+        self._decode_writes = 0  # write_decode calls so far, never reset: the stamp it leaves on each request
         self.clear()
 
     def clear(self) -> None:
@@ -32,6 +33,7 @@ class ReqToTokenPool:
         self.row_kv: dict = {}  # row -> the ReqKvInfo holding it (what --check's KV conservation counts)
         self._row_free = np.ones(self.size + 1, dtype=bool)
         self._row_free[0] = False
+        self._decode_flat: np.ndarray | None = None  # write_decode's last flat positions (a fresh array each write)
 
     def table_bytes(self) -> int:
         return (self.size + 1) * self.max_context_len * 4
@@ -93,17 +95,35 @@ class ReqToTokenPool:
 
     def write_decode(self, kvs: list[ReqKvInfo], values) -> None:
         """``req_to_token[kv.req_pool_idx, kv.kv_committed_len] = value`` for each request, in order: a decode
-        step's one new slot per request, as one flat scatter (one index conversion, not a row and a position
-        array)."""
+        step's one new slot per request, as one flat scatter.
+
+        Most decode steps write the same requests as the step before, in the same order, each one position
+        further on. Each request carries a stamp of its last write (which write, its index, the flat position);
+        when every request's stamp says the previous write put it at the same index one position back, and that
+        write had as many requests, the positions are exactly that write's plus one: one numpy add instead of a
+        list of boxed ints converted to an array. Any other batch takes the list."""
         width = self.max_context_len
-        flat = []
+        prev, call = self._decode_flat, self._decode_writes
+        # taken before any request is stamped: a write that raises part-way leaves nothing the next one reuses
+        self._decode_flat, self._decode_writes = None, call + 1
+        same = len(kvs) > 0 and prev is not None and len(prev) == len(kvs)
+        i = 0
         for kv in kvs:
             row, pos = kv.req_pool_idx, kv.kv_committed_len
             if row is None:
                 raise PoolError("a decode write for a request that holds no row")
             if not 0 <= pos < width:
                 raise PoolError(f"write past max_context_len {width} (to position {pos})")
-            flat.append(row * width + pos)
+            f = row * width + pos
+            if same and (kv.decode_write != call or kv.decode_index != i or kv.decode_flat != f - 1):
+                same = False
+            kv.decode_write, kv.decode_index, kv.decode_flat = call + 1, i, f
+            i += 1
+        if same and prev is not None:
+            flat = prev + 1
+        else:
+            flat = np.fromiter([kv.decode_flat for kv in kvs], dtype=np.int64, count=len(kvs))
+        self._decode_flat = flat
         if self.xp.name == "torch":
             self._flat[self.xp.asarray(flat)] = self.xp.asarray(values).to(self.req_to_token.dtype)
         else:

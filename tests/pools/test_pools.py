@@ -214,3 +214,46 @@ def test_decode_write_scatters_one_slot_per_request_and_never_spills_into_the_ne
     with pytest.raises(PoolError, match="holds no row"):
         pool.write_decode([b], [43])
     assert pool.req_to_token.tolist()[2][0] == 0
+
+
+def test_decode_writes_land_where_each_request_stands_whether_or_not_the_batch_is_the_previous_one(device):
+    # write_decode reuses the previous write's positions plus one only when every request was in it at the same
+    # index; every other batch (reordered, a request swapped in, one that skipped a step or changed rows) is
+    # written from the requests themselves. Positions by hand: row * 16 + kv_committed_len.
+    from pools.req_kv import ReqKvInfo
+
+    pool = ReqToTokenPool(4, 16, device=device)
+    a, b, c = ReqKvInfo(), ReqKvInfo(), ReqKvInfo()
+    a.req_pool_idx, a.kv_committed_len = 1, 3
+    b.req_pool_idx, b.kv_committed_len = 2, 9
+    c.req_pool_idx, c.kv_committed_len = 3, 0
+
+    def step(kvs, values):
+        pool.write_decode(kvs, values)
+        for kv in kvs:
+            kv.kv_committed_len += 1
+
+    step([a, b], [10, 20])  # a -> (1, 3), b -> (2, 9)
+    step([a, b], [11, 21])  # the same batch one on: (1, 4), (2, 10)
+    step([b, a], [22, 12])  # reordered: (2, 11), (1, 5)
+    step([a, c], [13, 30])  # b swapped for c, same size: (1, 6), (3, 0)
+    a.kv_committed_len += 1  # a skipped a step
+    step([a, c], [14, 31])  # (1, 8), (3, 1)
+    c.req_pool_idx = 4  # c's row changed at the same length
+    step([a, c], [15, 32])  # (1, 9), (4, 2)
+    step([a, c], [16, 33])  # the same batch one on: (1, 10), (4, 3)
+    step([a], [17])  # shorter: (1, 11)
+    with pytest.raises(PoolError, match="holds no row"):
+        pool.write_decode([c, ReqKvInfo()], [0, 0])  # c is stamped before the row-less request raises
+    step([a], [18])  # (1, 12)
+    c.kv_committed_len += 1
+    step([c], [34])  # (4, 5); its stamp from the failed write must not pass for the previous write's
+    table = pool.req_to_token.tolist()
+    written = {(r, p): v for r, row in enumerate(table) for p, v in enumerate(row) if v}
+    assert written == {(1, 3): 10, (1, 4): 11, (1, 5): 12, (1, 6): 13, (1, 8): 14, (1, 9): 15, (1, 10): 16,
+                       (1, 11): 17, (1, 12): 18, (2, 9): 20, (2, 10): 21, (2, 11): 22, (3, 0): 30, (3, 1): 31,
+                       (4, 2): 32, (4, 3): 33, (4, 5): 34}
+    pool.clear()  # a fresh pool state: the next write reads its requests again
+    a.req_pool_idx, a.kv_committed_len = 2, 0
+    step([a], [40])
+    assert pool.req_to_token.tolist()[2][0] == 40
