@@ -74,6 +74,8 @@ def main(argv: list[str]) -> None:
     x4 = "--no-x4" not in argv
     paths = [a for a in argv if not a.startswith("--")]
     path = paths[0] if paths else DEFAULT_TRACE
+    if not Path(path).is_file():
+        raise SystemExit(f"error: {path}: no such trace file")
     print(f"trace {path}")
     print(f"{'model':<20} {'gpu':<4} {'tp':>2} {'trace':>5} {'requests':>8} {'steps':>7} {'CPU s':>6} {'wall s':>6} "
           f"{'req/CPU s':>9} {'steps/CPU s':>11} {'RSS GiB':>7} {'retr':>4}  steps/requests sha")

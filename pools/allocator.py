@@ -12,12 +12,13 @@ Slot/page 0 is never handed out: padded tokens write there.
 from __future__ import annotations
 
 import abc
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from pools.backend import get_backend
-from pools.errors import PoolError
+from pools.errors import DoubleFreeError, PoolError
 from pools.free_list import FreeList
 
 
@@ -277,7 +278,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
 
 class MambaSlotAllocator:
-    """Free list of mamba state slots (``allocator/mamba.py``): slot 0 reserved, head alloc, FIFO free."""
+    """Free list of mamba state slots (``allocator/mamba.py``): slot 0 reserved, head alloc, FIFO free.
+
+    Slots come and go one at a time (a request's working slot, a tree node's state), so the free list is a deque
+    of ints: the KV allocators' array segments would cost an array conversion per slot here. Under checks a mask
+    catches double frees and slots out of range, with the KV free list's messages."""
 
     checks = True
 
@@ -287,19 +292,21 @@ class MambaSlotAllocator:
         self.size = size
         self.device = device
         self.xp = get_backend(device)
-        self._group: list | None = None
+        self._group: list[int] | None = None
         self.clear()
 
     def clear(self) -> None:
-        self._free = FreeList(self.xp, self.size, "mamba slot", self.checks)
+        self._free: deque[int] = deque(range(1, self.size + 1))
+        self._free_mask = np.ones(self.size + 1, dtype=bool)  # kept under checks only
+        self._free_mask[0] = False
         self._group = None
 
     @property
     def free_slots(self) -> Any:
-        return self._free.to_array()
+        return self.xp.asarray(list(self._free))
 
     def set_checks(self, enabled: bool) -> None:
-        self.checks = self._free.checks = enabled
+        self.checks = enabled
 
     def available_size(self) -> int:
         return len(self._free)
@@ -308,7 +315,7 @@ class MambaSlotAllocator:
         """Pre-allocate ``num_reqs`` slots that following ``alloc(1)`` calls drain (all or nothing)."""
         self._group = None
         if 0 < num_reqs <= len(self._free):
-            self._group = list(self.xp.to_numpy(self._free.take(num_reqs)))
+            self._group = self._take(num_reqs)
 
     def alloc_group_end(self) -> None:
         if self._group:
@@ -320,20 +327,58 @@ class MambaSlotAllocator:
             return self.xp.asarray([self._group.pop(0)])
         if need_size > len(self._free):
             return None
-        return self._free.take(need_size)
+        return self.xp.asarray(self._take(need_size))
+
+    def alloc_one(self) -> int | None:
+        """``alloc(1)``'s slot as an int, None when none is free: for callers that want the id, not an array."""
+        if self._group:
+            return self._group.pop(0)
+        if not self._free:
+            return None
+        return self._take(1)[0]
+
+    def _take(self, n: int) -> list[int]:
+        free = self._free
+        out = [free.popleft() for _ in range(n)]
+        if self.checks:
+            for slot in out:
+                self._free_mask[slot] = False
+        return out
 
     def free(self, free_index) -> None:
-        free_index = self.xp.asarray(free_index)
-        self._free.push_back(free_index)
+        if isinstance(free_index, list):
+            ids = [int(i) for i in free_index]
+        else:
+            ids = self.xp.to_numpy(free_index).tolist()
+        if self.checks:
+            self._check_freeable(ids)
+            for slot in ids:
+                self._free_mask[slot] = True
+        self._free.extend(ids)
+
+    def _check_freeable(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        lo, hi = min(ids), max(ids)
+        if lo < 1 or hi > self.size:
+            bad = lo if lo < 1 else hi
+            if bad == 0:
+                raise PoolError("freeing mamba slot 0, the reserved padding mamba slot")
+            raise PoolError(f"freeing mamba slot {bad} outside 1..{self.size}")
+        seen: set[int] = set()
+        for slot in ids:  # already free, or twice in this call
+            if self._free_mask[slot] or slot in seen:
+                raise DoubleFreeError(f"double free of mamba slot {slot}")
+            seen.add(slot)
 
     def check_integrity(self) -> None:
-        ids = self.xp.to_numpy(self._free.to_array())
+        ids = np.asarray(list(self._free), dtype=np.int64)
         if ids.size and (ids.min() < 1 or ids.max() > self.size):
             raise PoolError("mamba free list holds slots outside 1..size")
         if ids.size and np.bincount(ids).max() > 1:
             raise PoolError("a mamba slot is on the free list twice")
         pending = len(self._group or [])
-        if self._free.num_marked_free() != ids.size:
+        if int(self._free_mask.sum()) != ids.size:
             raise PoolError("mamba free list and slot ownership disagree")
         if ids.size + pending > self.size:
             raise PoolError("more mamba slots free than exist")

@@ -90,15 +90,15 @@ class MambaRadixCache(RadixCache):
         result = result._replace(mamba_branching_seqlen=aligned if aligned > result.prefix_len else None)
         if cow_mamba and req is not None and best.mamba_value is not None:
             if not req.kv.holds_mamba:
-                slot = self.mamba_allocator.alloc(1)
+                slot = self.mamba_allocator.alloc_one()
                 if slot is None:
                     self.inc_lock_ref(best)  # keep the source state while making room
                     self.evict_mamba(1)
-                    slot = self.mamba_allocator.alloc(1)
+                    slot = self.mamba_allocator.alloc_one()
                     self.dec_lock_ref(best)
                     if slot is None:
                         raise MambaCapacityError("Can not alloc mamba cache for a prefix hit")
-                req.kv.mamba_pool_idx = int(slot[0])
+                req.kv.mamba_pool_idx = slot
             req.kv.mamba_cow_src_index = best.mamba_value
         return result
 
@@ -191,13 +191,13 @@ class MambaRadixCache(RadixCache):
         return freed
 
     def _alloc_mamba_slot(self) -> int:
-        slot = self.mamba_allocator.alloc(1)
+        slot = self.mamba_allocator.alloc_one()
         if slot is None:
             self.evict_mamba(1)
-            slot = self.mamba_allocator.alloc(1)
+            slot = self.mamba_allocator.alloc_one()
             if slot is None:
                 raise MambaCapacityError("Can not alloc mamba cache")
-        return int(slot[0])
+        return slot
 
     # ------------------------------------------------------------------ request lifecycle
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool):

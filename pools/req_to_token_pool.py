@@ -155,12 +155,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.req_index_to_mamba_index_mapping = np.zeros(size + 1, dtype=np.int64)
 
     def _alloc_slot(self) -> int:
-        got = self.mamba_allocator.alloc(1)
+        got = self.mamba_allocator.alloc_one()
         if got is None:
             raise MambaCapacityError(
                 "Not enough space for mamba cache, try to increase --mamba-full-memory-ratio or "
                 f"--max-mamba-cache-size (size {self.mamba_pool.size}, all in use)")
-        return int(self.xp.to_numpy(got)[0])
+        return got
 
     def alloc(self, reqs) -> list[int] | None:
         """Rows for requests without one, then a working slot (and tracking slots) for requests

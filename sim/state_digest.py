@@ -35,7 +35,7 @@ def pool_state_digest(sched, width: int) -> str:
         h.update(np.ascontiguousarray(table[row, :width]).tobytes())
     mamba = getattr(pool, "mamba_allocator", None)
     if mamba is not None:
-        _ids(h, "mamba_free", xp.to_numpy(mamba._free.to_array()))
+        _ids(h, "mamba_free", xp.to_numpy(mamba.free_slots))
         _ids(h, "mamba_group", list(mamba._group or []))
         _ids(h, "row_to_state", pool.req_index_to_mamba_index_mapping)
     if not getattr(tree, "disable", False):

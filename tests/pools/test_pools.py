@@ -89,6 +89,29 @@ def test_mamba_slots_fifo_and_groups(device):
     a.check_integrity()
 
 
+def test_mamba_slot_ids_one_at_a_time_and_the_frees_refused(device):
+    a = MambaSlotAllocator(3, device=device)
+    assert [a.alloc_one(), a.alloc_one()] == [1, 2]  # the head, as alloc(1) hands it out
+    a.free([2])
+    a.free(a.alloc(1))  # an array back, as the tree frees
+    assert as_list(a.free_slots) == [2, 3]
+    a.alloc_group_begin(2)  # pre-takes [2, 3]; alloc_one drains the group first
+    assert a.alloc_one() == 2 and a.available_size() == 0
+    a.alloc_group_end()  # 3 back to the tail
+    assert a.alloc_one() == 3 and a.alloc_one() is None and a.alloc(1) is None
+    with pytest.raises(PoolError, match="freeing mamba slot 4 outside 1..3"):
+        a.free([3, 4])
+    with pytest.raises(PoolError, match="slot 0, the reserved padding"):
+        a.free([0])
+    with pytest.raises(DoubleFreeError, match="double free of mamba slot 2"):
+        a.free([2, 2])  # twice in one call
+    a.free([2, 3])
+    with pytest.raises(DoubleFreeError, match="double free of mamba slot 3"):
+        a.free([1, 3])  # 3 is already free; nothing of the call is freed
+    assert as_list(a.free_slots) == [2, 3]
+    a.check_integrity()
+
+
 def test_kimi_linear_state_bytes_per_slot():
     # SGLANG_SPEC.md 7.3: conv 3 x 12288 bf16 + temporal 32 x 128 x 128 fp32 per layer, 20 KDA layers
     assert kimi_params().shape.conv == [(3, 12288)]
