@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from pools.backend import get_backend
-from pools.errors import DoubleFreeError, PoolError
-from pools.free_list import FreeList
+from pools.errors import PoolError
+from pools.free_list import FreeList, FreeMask
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
@@ -281,8 +281,8 @@ class MambaSlotAllocator:
     """Free list of mamba state slots (``allocator/mamba.py``): slot 0 reserved, head alloc, FIFO free.
 
     Slots come and go one at a time (a request's working slot, a tree node's state), so the free list is a deque
-    of ints: the KV allocators' array segments would cost an array conversion per slot here. Under checks a mask
-    catches double frees and slots out of range, with the KV free list's messages."""
+    of ints: the KV allocators' array segments would cost an array conversion per slot here. Under checks the KV
+    free lists' ``FreeMask`` refuses double frees and slots out of range."""
 
     checks = True
 
@@ -297,8 +297,7 @@ class MambaSlotAllocator:
 
     def clear(self) -> None:
         self._free: deque[int] = deque(range(1, self.size + 1))
-        self._free_mask = np.ones(self.size + 1, dtype=bool)  # kept under checks only
-        self._free_mask[0] = False
+        self._mask = FreeMask(self.size, "mamba slot")  # kept under checks only
         self._group = None
 
     @property
@@ -341,8 +340,7 @@ class MambaSlotAllocator:
         free = self._free
         out = [free.popleft() for _ in range(n)]
         if self.checks:
-            for slot in out:
-                self._free_mask[slot] = False
+            self._mask.mark(np.asarray(out, dtype=np.int64), free=False)
         return out
 
     def free(self, free_index) -> None:
@@ -351,25 +349,10 @@ class MambaSlotAllocator:
         else:
             ids = self.xp.to_numpy(free_index).tolist()
         if self.checks:
-            self._check_freeable(ids)
-            for slot in ids:
-                self._free_mask[slot] = True
+            host = np.asarray(ids, dtype=np.int64)
+            self._mask.check_freeable(host)
+            self._mask.mark(host, free=True)
         self._free.extend(ids)
-
-    def _check_freeable(self, ids: list[int]) -> None:
-        if not ids:
-            return
-        lo, hi = min(ids), max(ids)
-        if lo < 1 or hi > self.size:
-            bad = lo if lo < 1 else hi
-            if bad == 0:
-                raise PoolError("freeing mamba slot 0, the reserved padding mamba slot")
-            raise PoolError(f"freeing mamba slot {bad} outside 1..{self.size}")
-        seen: set[int] = set()
-        for slot in ids:  # already free, or twice in this call
-            if self._free_mask[slot] or slot in seen:
-                raise DoubleFreeError(f"double free of mamba slot {slot}")
-            seen.add(slot)
 
     def check_integrity(self) -> None:
         ids = np.asarray(list(self._free), dtype=np.int64)
@@ -378,7 +361,7 @@ class MambaSlotAllocator:
         if ids.size and np.bincount(ids).max() > 1:
             raise PoolError("a mamba slot is on the free list twice")
         pending = len(self._group or [])
-        if int(self._free_mask.sum()) != ids.size:
+        if self._mask.count() != ids.size:
             raise PoolError("mamba free list and slot ownership disagree")
         if ids.size + pending > self.size:
             raise PoolError("more mamba slots free than exist")

@@ -17,6 +17,45 @@ from pools.errors import DoubleFreeError, PoolError
 _CONSOLIDATE_AT = 512  # segments; merging them then keeps take() from walking thousands of tiny arrays
 
 
+class FreeMask:
+    """Which ids ``1..capacity`` are free, kept for the checks alone (it never changes an id): a freed id that is
+    the padding id 0, out of range, already free or twice in one call is refused, the message naming ``what``."""
+
+    def __init__(self, capacity: int, what: str):
+        self.capacity = capacity
+        self.what = what
+        self.free = np.zeros(capacity + 1, dtype=bool)
+        self.free[1:] = True
+        self._stamp = np.zeros(capacity + 1, dtype=np.int32)  # scratch for duplicate detection
+
+    def check_freeable(self, host: np.ndarray) -> None:
+        if host.size == 0:
+            return
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 1 or hi > self.capacity:
+            bad = lo if lo < 1 else hi
+            if bad == 0:
+                raise PoolError(f"freeing {self.what} 0, the reserved padding {self.what}")
+            raise PoolError(f"freeing {self.what} {bad} outside 1..{self.capacity}")
+        already = self.free[host]
+        if already.any():
+            raise DoubleFreeError(f"double free of {self.what} {int(host[already][0])}")
+        # Duplicates within the call: with repeated indices the last write wins, so an earlier
+        # occurrence reads back a position that is not its own.
+        pos = np.arange(host.size)
+        self._stamp[host] = pos
+        clash = self._stamp[host] != pos
+        if clash.any():
+            raise DoubleFreeError(f"double free of {self.what} {int(host[clash][0])}")
+
+    def mark(self, host: np.ndarray, free: bool) -> None:
+        if len(host):
+            self.free[host] = free
+
+    def count(self) -> int:
+        return int(self.free.sum())
+
+
 class FreeList:
     def __init__(self, xp, capacity: int, what: str, checks: bool = True):
         self.xp = xp
@@ -29,12 +68,10 @@ class FreeList:
     def reset(self) -> None:
         self._segs: deque = deque()
         self._len = 0
-        self._free_mask = np.zeros(self.capacity + 1, dtype=bool)
-        self._stamp = np.zeros(self.capacity + 1, dtype=np.int32)  # scratch for duplicate detection
+        self._mask = FreeMask(self.capacity, self.what)
         if self.capacity > 0:
             self._segs.append(self.xp.arange(1, self.capacity + 1))
             self._len = self.capacity
-            self._free_mask[1:] = True
 
     def __len__(self) -> int:
         return self._len
@@ -90,31 +127,14 @@ class FreeList:
 
     def check_freeable(self, ids) -> np.ndarray:
         host = self.xp.to_numpy(ids)
-        if host.size == 0:
-            return host
-        lo, hi = int(host.min()), int(host.max())
-        if lo < 1 or hi > self.capacity:
-            bad = lo if lo < 1 else hi
-            if bad == 0:
-                raise PoolError(f"freeing {self.what} 0, the reserved padding {self.what}")
-            raise PoolError(f"freeing {self.what} {bad} outside 1..{self.capacity}")
-        already = self._free_mask[host]
-        if already.any():
-            raise DoubleFreeError(f"double free of {self.what} {int(host[already][0])}")
-        # Duplicates within the call: with repeated indices the last write wins, so an earlier
-        # occurrence reads back a position that is not its own.
-        pos = np.arange(host.size)
-        self._stamp[host] = pos
-        clash = self._stamp[host] != pos
-        if clash.any():
-            raise DoubleFreeError(f"double free of {self.what} {int(host[clash][0])}")
+        self._mask.check_freeable(host)
         return host
 
     def is_free(self, ids) -> np.ndarray:
-        return self._free_mask[self.xp.to_numpy(ids)]
+        return self._mask.free[self.xp.to_numpy(ids)]
 
     def num_marked_free(self) -> int:
-        return int(self._free_mask.sum())
+        return self._mask.count()
 
     def _add(self, ids, front: bool) -> None:
         n = len(ids)
@@ -134,4 +154,4 @@ class FreeList:
 
     def _mark(self, ids, free: bool) -> None:
         if len(ids):
-            self._free_mask[self.xp.to_numpy(ids)] = free
+            self._mask.mark(self.xp.to_numpy(ids), free)
