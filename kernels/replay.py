@@ -40,17 +40,20 @@ class PoolMismatch(RuntimeError):
 class StepShape:
     """What the step-time model reads of a batch, kept per step so a fit can re-predict it."""
 
-    __slots__ = ("forward_mode", "prefix_lens", "extend_lens", "decode_seq_lens", "reqs")
+    __slots__ = ("forward_mode", "prefix_lens", "extend_lens", "decode_seq_lens", "decode_seq_lens_sum",
+                 "num_decode_reqs", "reqs")
 
     def __init__(self, forward_mode, prefix_lens, extend_lens, decode_seq_lens, num_reqs):
         self.forward_mode = forward_mode
         self.prefix_lens, self.extend_lens, self.decode_seq_lens = prefix_lens, extend_lens, decode_seq_lens
+        self.decode_seq_lens_sum, self.num_decode_reqs = sum(decode_seq_lens), len(decode_seq_lens)
         self.reqs = range(num_reqs)  # the model only counts them
 
     @staticmethod
     def of(batch) -> "StepShape":
+        """Called at launch, like the step-time model (the decode rows' lengths are then this step's)."""
         return StepShape(batch.forward_mode, list(batch.prefix_lens), list(batch.extend_lens),
-                         list(batch.decode_seq_lens) if batch.forward_mode != "extend" else [], len(batch.reqs))
+                         launch_seq_lens(batch), len(batch.reqs))
 
     @property
     def kind(self) -> str:
@@ -87,14 +90,23 @@ def _cat(xs):
     return np.concatenate([np.asarray(x, dtype=np.int64) for x in xs]) if xs else np.empty(0, dtype=np.int64)
 
 
+def launch_seq_lens(batch) -> list[int]:
+    """The decode rows' sequence lengths, read at launch: ``prepare_for_decode`` has just allocated their slot
+    (``kv_committed_len`` is the length with it) and nothing changes them before the step's result lands."""
+    if batch.forward_mode == "extend":
+        return []
+    reqs = batch.reqs if batch.forward_mode == "decode" else batch.reqs[len(batch.extend_lens):]
+    return [r.kv.kv_committed_len for r in reqs]
+
+
 def batch_lengths(batch) -> tuple[list, list, list, list]:
     """(prefill requests, their (prefix, extend) lengths, decode requests, their seq lens) of a launched batch."""
     if batch.forward_mode == "decode":
-        return [], [], list(batch.reqs), list(batch.decode_seq_lens)
+        return [], [], list(batch.reqs), launch_seq_lens(batch)
     n = len(batch.extend_lens)
     ext = list(zip(batch.prefix_lens, batch.extend_lens))
     dec = list(batch.reqs[n:]) if batch.forward_mode == "mixed" else []
-    return list(batch.reqs[:n]), ext, dec, list(batch.decode_seq_lens) if dec else []
+    return list(batch.reqs[:n]), ext, dec, launch_seq_lens(batch) if dec else []
 
 
 def pool_digest(batch) -> dict[str, str]:
@@ -525,7 +537,7 @@ class DeviceReplay:
         # the Triton kernels on the first decode steps; under the CPU interpreter only on small ones (its cost
         # grows with the context read)
         triton = (self.triton_checked < self.opts.triton_steps and batch.forward_mode == "decode"
-                  and (self.timer_cls is CudaTimer or sum(batch.decode_seq_lens) <= INTERPRETER_MAX_CONTEXT))
+                  and (self.timer_cls is CudaTimer or batch.decode_seq_lens_sum <= INTERPRETER_MAX_CONTEXT))
         self._check_write_req_to_token(i, inp, server, triton)
         if self._measuring(i):
             self._measure(i, batch, inp, server, predicted, triton)

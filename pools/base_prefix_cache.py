@@ -83,7 +83,7 @@ class BasePrefixCache:
     def track_after_extend(self, req, prefix_len: int, extend_end: int) -> None:
         raise NotImplementedError
 
-    def decode_tracks(self, reqs, kvs=None) -> dict[int, tuple[int, int]]:
+    def decode_tracks(self, reqs, kvs=None) -> dict[Any, tuple[int, int]]:
         raise NotImplementedError
 
     def commit_decode_track(self, req, track: tuple[int, int]) -> None:

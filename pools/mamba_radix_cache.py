@@ -264,11 +264,11 @@ class MambaRadixCache(RadixCache):
             seqlen = branch
         self._record_track(req, seqlen)
 
-    def decode_tracks(self, reqs, kvs: list[ReqKvInfo] | None = None) -> dict[int, tuple[int, int]]:
+    def decode_tracks(self, reqs, kvs: list[ReqKvInfo] | None = None) -> dict[Any, tuple[int, int]]:
         """A decode forward that reaches the track grid writes the state into the next ping-pong slot, and the
         next forward writes the other one. The checkpoint exists only once the result is processed
         (``commit_decode_track``, SGLang's ``_handle_finish_state_updated_req``), one step later under overlap:
-        for a decode batch, ``{id(req): (ping-pong position, sequence length)}`` of the requests on the grid (none
+        for a decode batch, ``{req: (ping-pong position, sequence length)}`` of the requests on the grid (none
         unless the strategy is extra_buffer). One pass, no call per request: it runs every decode step. ``kvs``:
         the requests' ``ReqKvInfo`` in the same order, when the caller has them (read natively when compiled)."""
         if self.strategy != "extra_buffer":
@@ -281,12 +281,12 @@ class MambaRadixCache(RadixCache):
             if kv.kv_committed_len % grid == 0:
                 position = kv.mamba_next_track_idx
                 kv.mamba_next_track_idx = other(position)
-                tracks[id(req)] = (position, kv.kv_committed_len)
+                tracks[req] = (position, kv.kv_committed_len)  # requests hash by identity: no boxed id()
         return tracks
 
     def track_after_decode(self, req) -> tuple[int, int] | None:
         """``decode_tracks`` for one request: its track, or None off the grid."""
-        return self.decode_tracks((req,)).get(id(req))
+        return self.decode_tracks((req,)).get(req)
 
     def commit_decode_track(self, req, track: tuple[int, int]) -> None:
         """The decode's result landed: its checkpoint becomes the newest; the previous one stays named."""

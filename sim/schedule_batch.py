@@ -25,7 +25,8 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per rema
 
 class ScheduleBatch:
     __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
-                 "cached_lens", "decode_seq_lens", "chunked_req", "tree_cache", "req_to_token_pool", "mamba_tracks")
+                 "cached_lens", "decode_seq_lens_sum", "num_decode_reqs", "chunked_req", "tree_cache",
+                 "req_to_token_pool", "mamba_tracks")
 
     def __init__(self, reqs: list[Req], tree_cache, req_to_token_pool, forward_mode: str = "decode"):
         self.reqs: list[Req] = list(reqs)
@@ -35,20 +36,24 @@ class ScheduleBatch:
         self.extend_lens: list[int] = []
         self.prefix_lens: list[int] = []
         self.cached_lens: list[int] = []  # prefix hits at admission (a continuing chunk's prefix is its own)
-        self.decode_seq_lens: list[int] = []
+        # what the step-time model reads of the decode rows (SGLang's seq_lens_sum): their count and the sum of
+        # their sequence lengths after this step's slot; the lengths themselves are the rows' kv_committed_len
+        self.decode_seq_lens_sum = 0
+        self.num_decode_reqs = 0
         self.chunked_req: Any = None
         # Untyped: a batch built only for its shape (the step-time model's tests) holds no tree or pool; the
         # methods that call the tree read it into a local typed BasePrefixCache so the compiled calls are direct.
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
-        # extra_buffer: {id(req): (position, seqlen)} decode checkpoints awaiting the result
+        # extra_buffer: {req: (position, seqlen)} decode checkpoints awaiting the result
         self.mamba_tracks: dict | None = None
 
     def copy(self) -> "ScheduleBatch":
         """What the result processor sees: the membership and shape at launch time."""
         b = ScheduleBatch(self.reqs, self.tree_cache, self.req_to_token_pool, self.forward_mode)
         b.decoding_reqs = self.decoding_reqs
-        b.extend_lens, b.prefix_lens, b.decode_seq_lens = self.extend_lens, self.prefix_lens, self.decode_seq_lens
+        b.extend_lens, b.prefix_lens = self.extend_lens, self.prefix_lens
+        b.decode_seq_lens_sum, b.num_decode_reqs = self.decode_seq_lens_sum, self.num_decode_reqs
         b.cached_lens = self.cached_lens
         b.chunked_req = self.chunked_req
         b.mamba_tracks = self.mamba_tracks
@@ -92,7 +97,7 @@ class ScheduleBatch:
     def mix_with_running(self, running: "ScheduleBatch") -> None:
         self.forward_mode = "mixed"
         self.decoding_reqs = list(running.reqs)
-        self.decode_seq_lens = running.decode_seq_lens
+        self.decode_seq_lens_sum, self.num_decode_reqs = running.decode_seq_lens_sum, running.num_decode_reqs
         self.mamba_tracks = running.mamba_tracks
         self.reqs.extend(running.reqs)
 
@@ -116,11 +121,11 @@ class ScheduleBatch:
             self.evict_swa()
         kvs = [r.kv for r in self.reqs]  # typed requests: native reads when compiled
         alloc_for_decode_kvs(kvs, tree, self.req_to_token_pool)
-        seq_lens = []  # kv_committed_len + 1 before the allocation, i.e. after it; one pass over the batch
+        total = 0  # kv_committed_len + 1 before the allocation, i.e. after it; a native sum, no list of lengths
         for r, kv in zip(self.reqs, kvs):
             r.decode_batch_idx += 1
-            seq_lens.append(kv.kv_committed_len)
-        self.decode_seq_lens = seq_lens
+            total += kv.kv_committed_len
+        self.decode_seq_lens_sum, self.num_decode_reqs = total, len(kvs)
         if tree.supports_mamba():
             self.mamba_tracks = tree.decode_tracks(self.reqs, kvs) or None
 

@@ -354,15 +354,19 @@ class Scheduler:
             else:
                 req.inflight_middle_chunks -= 1
 
-    def _process_decode_reqs(self, reqs: list[Req], end_time: float, step: int, mamba_tracks=None) -> None:
+    def _process_decode_reqs(self, reqs: list[Req], end_time: float, step: int,
+                             mamba_tracks: dict | None = None) -> None:
         overlap = self.config.enable_overlap
-        commit = self.tree_cache.commit_decode_track if mamba_tracks else None
+        tracks: dict = mamba_tracks or {}
+        commit = self.tree_cache.commit_decode_track if tracks else None
         for req in reqs:
             if overlap and (req.finished_reason is not None or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
             req.append_output()
-            if commit is not None and id(req) in mamba_tracks:  # the decode checkpoint counts from its result on
-                commit(req, mamba_tracks[id(req)])
+            if commit is not None:  # the decode checkpoint counts from its result on
+                track = tracks.get(req)
+                if track is not None:
+                    commit(req, track)
             if req.finished_reason is not None:
                 self._finish(req, end_time, step)
 

@@ -416,9 +416,8 @@ class AnalyticStepTime:
             pairs_prefill += e * p + e * (e + 1) // 2
             context_tokens += p + e
         if batch.forward_mode != "extend":
-            seq_lens = batch.decode_seq_lens  # ints: the sum is exact in any order
-            decode_tokens = len(seq_lens)
-            pairs_decode = sum(seq_lens)
+            decode_tokens = batch.num_decode_reqs
+            pairs_decode = batch.decode_seq_lens_sum
             context_tokens += pairs_decode
         return self.time_of(prefill_tokens, decode_tokens, pairs_prefill, pairs_decode, context_tokens,
                             len(batch.reqs))

@@ -263,3 +263,40 @@ def test_step_rows_are_written_after_the_result_and_keep_the_after_scheduling_va
     row = steps.iloc[3]
     assert (row["running_scheduled"], row["waiting_scheduled"], row["available_size_scheduled"]) == (1, 0, 7)
     assert (row["running"], row["waiting"], row["available_size"], row["evictable_size"]) == (0, 1, 7, 9)
+
+
+def test_what_the_step_time_model_and_the_replay_read_of_decode_rows():
+    """enable_mixed_chunk: A (6-token prompt, 4 outputs) at 0, B (5-token prompt, 3 outputs) at 0.015.
+
+    A decode row's length is its committed KV after this step's slot: prompt + outputs so far.
+    Step 0 extends A. Step 1 decodes A: 6 + 1 = 7. Step 2 extends B mixed with A's decode: 8.
+    Step 3 decodes B (5 + 1 = 6) and A (9, its 4th and last token), in that order: a mixed batch lists its
+    extend rows first and stays the running batch. Step 4 decodes B alone: 7.
+    The batch carries the count and the sum (what the model reads); the replay reads the lengths off the
+    rows at launch (kernels.replay.launch_seq_lens) and must see the same ones."""
+    from kernels.replay import StepShape, launch_seq_lens
+    from sim.engine import Simulation
+    from sim.metrics import Recorder
+    from sim.server import build_server
+
+    seen = []
+
+    def step_time(batch):
+        shape = StepShape.of(batch)
+        seen.append((batch.forward_mode, batch.num_decode_reqs if batch.forward_mode != "extend" else None,
+                     batch.decode_seq_lens_sum if batch.forward_mode != "extend" else None,
+                     launch_seq_lens(batch), shape.decode_seq_lens_sum, shape.num_decode_reqs))
+        return STEP
+
+    rec = Recorder()
+    sched = build_server(cfg(64, enable_mixed_chunk=True), recorder=rec)
+    trace = [TraceReq(0, 0.0, prompt(1, 6), 4), TraceReq(1, 0.015, prompt(100, 5), 3)]
+    Simulation([sched], step_time, rec, max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, False),
+               check_every_step=True).run(trace)
+    assert seen == [
+        ("extend", None, None, [], 0, 0),
+        ("decode", 1, 7, [7], 7, 1),
+        ("mixed", 1, 8, [8], 8, 1),
+        ("decode", 2, 15, [6, 9], 15, 2),
+        ("decode", 1, 7, [7], 7, 1),
+    ]

@@ -22,7 +22,7 @@ def cost(name="llama-3.1-8b", gpu="H100", args=None, **flags):
 
 def decode_batch(seq_lens):
     b = ScheduleBatch([object()] * len(seq_lens), None, None, "decode")
-    b.decode_seq_lens = list(seq_lens)
+    b.decode_seq_lens_sum, b.num_decode_reqs = sum(seq_lens), len(seq_lens)
     return b
 
 
