@@ -90,23 +90,34 @@ def _cat(xs):
     return np.concatenate([np.asarray(x, dtype=np.int64) for x in xs]) if xs else np.empty(0, dtype=np.int64)
 
 
+def decode_rows(batch) -> list:
+    """A launched batch's decode requests: all of a decode batch, the tail of a mixed one (extend rows first)."""
+    if batch.forward_mode == "decode":
+        return list(batch.reqs)
+    if batch.forward_mode == "mixed":
+        return list(batch.reqs[len(batch.extend_lens):])
+    return []
+
+
 def launch_seq_lens(batch) -> list[int]:
     """The decode rows' sequence lengths, read at launch: ``prepare_for_decode`` has just allocated their slot
-    (``kv_committed_len`` is the length with it) and nothing changes them before the step's result lands."""
-    if batch.forward_mode == "extend":
-        return []
-    reqs = batch.reqs if batch.forward_mode == "decode" else batch.reqs[len(batch.extend_lens):]
-    return [r.kv.kv_committed_len for r in reqs]
+    (``kv_committed_len`` is the length with it) and nothing changes them before the step's result lands. The
+    batch's own ``decode_seq_lens_sum`` (taken in ``prepare_for_decode``) must agree; a replay read elsewhere
+    would not."""
+    lens = [r.kv.kv_committed_len for r in decode_rows(batch)]
+    if lens and sum(lens) != batch.decode_seq_lens_sum:
+        raise RuntimeError(f"decode lengths read off the rows sum to {sum(lens)}, but prepare_for_decode summed "
+                           f"{batch.decode_seq_lens_sum}: read them at launch")
+    return lens
 
 
 def batch_lengths(batch) -> tuple[list, list, list, list]:
     """(prefill requests, their (prefix, extend) lengths, decode requests, their seq lens) of a launched batch."""
+    dec = decode_rows(batch)
     if batch.forward_mode == "decode":
-        return [], [], list(batch.reqs), launch_seq_lens(batch)
+        return [], [], dec, launch_seq_lens(batch)
     n = len(batch.extend_lens)
-    ext = list(zip(batch.prefix_lens, batch.extend_lens))
-    dec = list(batch.reqs[n:]) if batch.forward_mode == "mixed" else []
-    return list(batch.reqs[:n]), ext, dec, launch_seq_lens(batch) if dec else []
+    return list(batch.reqs[:n]), list(zip(batch.prefix_lens, batch.extend_lens)), dec, launch_seq_lens(batch)
 
 
 def pool_digest(batch) -> dict[str, str]:

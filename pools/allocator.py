@@ -322,8 +322,9 @@ class MambaSlotAllocator:
         self._group = None
 
     def alloc(self, need_size: int):
-        if self._group and need_size == 1:
-            return self.xp.asarray([self._group.pop(0)])
+        if need_size == 1:
+            slot = self.alloc_one()
+            return None if slot is None else self.xp.asarray([slot])
         if need_size > len(self._free):
             return None
         return self.xp.asarray(self._take(need_size))

@@ -279,9 +279,10 @@ def test_what_the_step_time_model_and_the_replay_read_of_decode_rows():
     from sim.metrics import Recorder
     from sim.server import build_server
 
-    seen = []
+    seen, launched = [], []
 
     def step_time(batch):
+        launched.append(batch.copy())
         shape = StepShape.of(batch)
         seen.append((batch.forward_mode, batch.num_decode_reqs if batch.forward_mode != "extend" else None,
                      batch.decode_seq_lens_sum if batch.forward_mode != "extend" else None,
@@ -300,3 +301,6 @@ def test_what_the_step_time_model_and_the_replay_read_of_decode_rows():
         ("decode", 2, 15, [6, 9], 15, 2),
         ("decode", 1, 7, [7], 7, 1),
     ]
+    # read after the run, step 1's row (A, since grown to 9) no longer holds the launch length: refused
+    with pytest.raises(RuntimeError, match="sum to 9, but prepare_for_decode summed 7"):
+        launch_seq_lens(launched[1])
