@@ -40,6 +40,14 @@ def fold_segment_id(raw: int) -> int:
     return x >> 22  # the top 42 bits
 
 
+_OFFSETS = np.arange(4096, dtype=np.int64)  # 0..4095 built once: a 512-token block's offsets, an output's ids
+_OFFSETS.flags.writeable = False
+
+
+def _offsets(n: int) -> np.ndarray:
+    return _OFFSETS[:n] if n <= len(_OFFSETS) else np.arange(n, dtype=np.int64)
+
+
 def segment_tokens(segments, tail: tuple[int, int] | None = None) -> np.ndarray:
     """Token ids of a run-length prompt: ``((s, n), ...)`` -> ``s * 2**20 + [0, n)`` for each pair, concatenated;
     ``tail=(s, n)`` appends one more segment (a request's generated ids) in the same pass."""
@@ -52,13 +60,11 @@ def segment_tokens(segments, tail: tuple[int, int] | None = None) -> np.ndarray:
             # tuples: a numpy array of a few dozen pairs costs more to build than the checks.
             total = block * (nseg - 1) + last
             extra = tail[1] if tail is not None else 0
-            ids = np.fromiter([seg for seg, _ in segments], dtype=np.int64, count=nseg)
             out = np.empty(max(nseg * block, total + extra), dtype=np.int64)
-            np.add((ids << SEGMENT_BITS)[:, None], np.arange(block, dtype=np.int64),
+            np.add(np.array([seg << SEGMENT_BITS for seg, _ in segments], dtype=np.int64)[:, None], _offsets(block),
                    out=out[: nseg * block].reshape(nseg, block))
             if extra:  # written after the grid: it overwrites the last block's unused columns
-                np.add(tail[0] << SEGMENT_BITS, np.arange(extra, dtype=np.int64),  # type: ignore[index]
-                       out=out[total: total + extra])
+                np.add(tail[0] << SEGMENT_BITS, _offsets(extra), out=out[total: total + extra])  # type: ignore[index]
             return out[: total + extra]
     arr = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
     if tail is not None and tail[1]:

@@ -13,8 +13,8 @@ from traces.request import Request
 class Trace:
     """Iterable in arrival order; ``len()``, ``name``, ``source_path``, ``format``, ``skipped_lines``.
 
-    Iterating calls ``open_requests()`` again, so a file-backed trace re-reads its file and holds one request at
-    a time (a million-request file streams). ``materialize()`` keeps a list instead.
+    Iterating calls ``open_requests()`` again: a file too large for load_trace to keep is read again, holding one
+    request at a time (a million-request file streams). ``materialize()`` keeps a list instead.
     """
 
     def __init__(self, open_requests: Callable[[], Iterator[Request]], *, name: str, format: str,

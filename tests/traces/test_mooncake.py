@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.traces.conftest import MOONCAKE_HEAD, shared_file
+import traces.load
 from traces import TraceFormatError, load_trace
 
 # ts (ms), input, output, hash_ids; 512-token blocks, the last partial
@@ -124,10 +125,15 @@ def test_real_full_trace():
     assert last.arrival_s == 3536.999 and last.rid == 12030
 
 
-def test_iteration_streams_the_file(write):
-    # 2,000 requests of 40 blocks each: as Request objects they would take about 8 MB
+def _blocks_file(write):
+    # 2,000 requests of 40 blocks each: as Request objects they take about 8 MB
     line = '{{"timestamp": {t}, "input_length": 20000, "output_length": 100, "hash_ids": [{ids}]}}\n'
-    path = write("".join(line.format(t=i, ids=", ".join(str(i * 40 + j) for j in range(40))) for i in range(2000)))
+    return write("".join(line.format(t=i, ids=", ".join(str(i * 40 + j) for j in range(40))) for i in range(2000)))
+
+
+def test_a_file_over_the_keep_budget_streams(write, monkeypatch):
+    monkeypatch.setattr(traces.load, "KEEP_BYTES", 1_000_000)  # the 2,000 requests need ~8 MB
+    path = _blocks_file(write)
     tracemalloc.start()
     try:
         trace = load_trace(path)
@@ -136,5 +142,17 @@ def test_iteration_streams_the_file(write):
     finally:
         tracemalloc.stop()
     assert count == 2000 * 20000 and len(trace) == 2000
-    assert peak < 1_000_000, peak
-    assert list(trace)[1999].segments[0] == (1999 * 40, 512)  # a second pass reads the file again
+    assert peak < 2_000_000, peak  # the budget's worth while counting, then one request at a time
+    path.write_text(path.read_text().replace('"output_length": 100', '"output_length": 7'))
+    assert next(iter(trace)).output_len == 7  # each pass reads the file again
+
+
+def test_a_file_within_the_keep_budget_is_parsed_once(write):
+    path = _blocks_file(write)
+    trace = load_trace(path)
+    first = list(trace)
+    path.unlink()  # iterating again needs no file: the requests were kept by the one parse
+    again = list(trace)
+    assert len(again) == len(trace) == 2000 and again == first
+    assert [r.rid for r in again] == list(range(2000))
+    assert again[1999].segments[0] == (1999 * 40, 512) and again[1999].segments[-1] == (1999 * 40 + 39, 20000 - 39 * 512)

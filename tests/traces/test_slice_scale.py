@@ -40,7 +40,7 @@ def test_scale(write):
             scale_trace(trace, bad)
 
 
-def test_slice_of_a_file_trace_reads_the_file_again(write):
+def test_slice_of_a_file_trace_is_iterable_more_than_once(write):
     path = write(SNIPPET)
     part = slice_trace(load_trace(path), 0.0, 1.0)
     assert len(part) == 2
