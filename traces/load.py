@@ -73,20 +73,19 @@ def load_trace(path: str | Path, format: str | None = None, skip_bad_lines: bool
     for req in module.iter_requests(path, skips):
         count += 1
         if kept is not None:
-            room -= request_bytes(req)
+            room -= _request_bytes(req)
             if room < 0:
                 kept = None  # too large to keep: stream the file on each iteration
             else:
                 kept.append(req)
     _require_requests(path, count, skips, module)
-    if kept is not None:  # the same requests, in the same order, that a second pass would parse
-        return Trace(lambda: iter(kept), name=path.stem, format=fmt, source_path=path,
-                     skipped_lines=skips.count, num_requests=count)
+    if kept is not None:  # already in order and numbered 0..N-1: what a second pass would parse
+        return Trace.from_requests(kept, name=path.stem, format=fmt, source_path=path, skipped_lines=skips.count)
     return Trace(lambda: module.iter_requests(path, Skips(skip_bad_lines)), name=path.stem, format=fmt,
                  source_path=path, skipped_lines=skips.count, num_requests=count)
 
 
-def request_bytes(req: Request) -> int:
+def _request_bytes(req: Request) -> int:
     """About what a parsed request takes in memory (measured with tracemalloc: ~200 B, ~95 B a segment pair)."""
     size = 200
     if req.segments is not None:
