@@ -20,7 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer  # noqa: E402
 
-from sim import ROUTERS  # noqa: E402
+from poolsim.sim import ROUTERS  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Capacity planner for LLM-serving memory: SGLang's pools, radix cache and scheduler, simulated.")
@@ -31,8 +31,8 @@ def version() -> None:
     """Print the poolsim version and which simulator core runs (compiled by pip install -e ., or pure Python)."""
     from importlib.metadata import version as _v
 
-    import sim.scheduler  # noqa: F401  (a compiled module when the build exists)
-    from pools._pure_python import core_description
+    import poolsim.sim.scheduler  # noqa: F401  (a compiled module when the build exists)
+    from poolsim.compiled import core_description
 
     typer.echo(f"{_v('poolsim')}, simulator core {core_description()}")
 
@@ -148,8 +148,8 @@ def with_server_options(command):
 
 def _server(server: dict):
     """(ModelConfig, GPUSpec, ServerArgs, runtime_overhead_gib) from the shared flags."""
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
 
     s = dict(server)
     model = ModelConfig.load(s.pop("model"))
@@ -163,7 +163,7 @@ def _server(server: dict):
 
 
 def _gpu(name, memory_gib, bandwidth_tbs, bf16_tflops, fp8_tflops, arch):
-    from pools.gpu_catalog import GPUSpec, get_gpu
+    from poolsim.pools.hardware.gpu_catalog import GPUSpec, get_gpu
 
     if memory_gib is not None:
         return GPUSpec.custom(name or "custom", memory_gib, bandwidth_tbs or 3.35, bf16_tflops or 989.0,
@@ -180,8 +180,8 @@ def _log_warnings(warnings) -> None:
 
 
 def _compare(model, gpu, args, against, against_tp, overhead, lengths):
-    from pools.model_config import ModelConfig
-    from pools.sizing import compare_records, crossover_context_len, plan_memory
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.plan import compare_records, crossover_context_len, plan_memory
 
     plans = {}
     if model.is_hybrid or model.is_hybrid_swa:
@@ -223,8 +223,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """How many KV tokens, request rows and state slots SGLang 0.5.23 allocates, and what fits."""
-    from pools.sizing import compare_table, max_concurrency, plan_memory
-    from sim.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
+    from poolsim.app.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
+    from poolsim.pools.sizing.plan import compare_table, max_concurrency, plan_memory
 
     try:
         if plot is not None:
@@ -242,7 +242,7 @@ def plan(
         _fail(e)
     _log_warnings(result.warnings)
     if plot is not None:
-        from reports.plan_plots import plot_plan_compare
+        from poolsim.reports.plan_plots import plot_plan_compare
 
         fig = plot_plan_compare(comparison["records"], comparison.get("crossover_context_len"),
                                 title=f"{spec.name} on {card.name}, tp {tp}")
@@ -270,7 +270,7 @@ def plan(
 
 
 def _load_trace(path: Optional[Path], fmt: Optional[str], skip_bad_lines: bool):
-    from traces import DEFAULT_TRACE, load_trace
+    from poolsim.traces import DEFAULT_TRACE, load_trace
 
     return load_trace(path or DEFAULT_TRACE, format=fmt, skip_bad_lines=skip_bad_lines)
 
@@ -352,8 +352,8 @@ def _describe(model, gpu, args, plan, trace_info: dict) -> str:
 
 
 def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, announce: bool = False):
-    from pools.sizing import plan_memory
-    from sim.run import simulate
+    from poolsim.app.run import simulate
+    from poolsim.pools.sizing.plan import plan_memory
 
     model, gpu, args, overhead = _server(server)
 
@@ -371,7 +371,7 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
 
 
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
-    from reports import units
+    from poolsim.reports import units
 
     def ms(x):  # as the report prints it (three significant digits), so the two agree
         return "-" if x is None else units.seconds(x)
@@ -466,12 +466,12 @@ def run(
                                           "the parquet extra)."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
-    from pools.errors import PoolError
     from contextlib import nullcontext
 
-    from sim.metrics import check_table_format
-    from sim.output import check_out_dir, publish_dir, write_run_files
-    from sim.run import check_router, check_step_time
+    from poolsim.app.output import check_out_dir, publish_dir, write_run_files
+    from poolsim.app.run import check_router, check_step_time
+    from poolsim.pools.errors import PoolError
+    from poolsim.sim.metrics import check_table_format
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
                 calibration=str(calibration) if calibration else None, check=check, slo_p99_s=slo_p99_s,
@@ -498,7 +498,7 @@ def run(
                 results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
                                                      quiet or as_json, not as_json)))
             if tmp is not None:
-                from reports.html import render_comparison, render_report
+                from poolsim.reports.html import render_comparison, render_report
 
                 for d, (_, r) in zip(dirs, results):
                     write_run_files(d, None, r.requests, r.summary, r.run, table_format)  # steps: streamed
@@ -519,7 +519,7 @@ def run(
     _print_summaries(labels, [r.summary for _, r in results])
     typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if calibration is not None:
-        from kernels.calibrate import describe
+        from poolsim.kernels.calibrate import describe
 
         typer.echo(describe(calibration))
     if info["skipped_lines"]:
@@ -551,9 +551,9 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
-    from sim.output import check_out_dir, publish_dir
-    from sim.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
-    from traces import DEFAULT_TRACE
+    from poolsim.app.output import check_out_dir, publish_dir
+    from poolsim.app.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
+    from poolsim.traces import DEFAULT_TRACE
 
     try:
         if out is not None:
@@ -594,7 +594,7 @@ def sweep(
     if slo_p99_s is not None and "p99_latency_s" in table:
         table.insert(table.columns.get_loc("error"), "meets_slo", meets_slo(table, slo_p99_s, slo_on))
     if out is not None:
-        from reports.plots import plot_frontier
+        from poolsim.reports.plots import plot_frontier
 
         try:
             with publish_dir(out) as tmp:
@@ -640,7 +640,7 @@ def _cell(value) -> str:
 @app.command()
 def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled model catalog."""
-    from pools.model_config import ModelConfig
+    from poolsim.pools.model.config import ModelConfig
 
     if as_json:
         rows = []
@@ -671,7 +671,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON li
 @app.command()
 def gpus(as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
     """The bundled GPU catalog (dense FLOP/s)."""
-    from pools.gpu_catalog import GPU_CATALOG
+    from poolsim.pools.hardware.gpu_catalog import GPU_CATALOG
 
     if as_json:
         typer.echo(json.dumps([{"key": key, "name": g.name, "memory_bytes": g.total_bytes,
@@ -700,7 +700,7 @@ FORCE_OPT = typer.Option(False, "--force", help="overwrite OUT even if it is not
 @contextmanager
 def _one_line_errors():
     """A bad trace or argument prints one line and exits 2 (as every command does), without a traceback."""
-    from traces import TraceFormatError
+    from poolsim.traces import TraceFormatError
 
     try:
         yield
@@ -709,14 +709,14 @@ def _one_line_errors():
 
 
 def _load(path: Path, fmt: str | None, skip: bool):
-    from traces import load_trace
+    from poolsim.traces import load_trace
 
     return load_trace(path, format=fmt, skip_bad_lines=skip)
 
 
 def _check_out(out: Path, force: bool, source: Path | None = None) -> None:
     """Before any work: OUT is not the input, not a folder, and an existing file is replaced only with --force."""
-    from sim.output import check_out_file
+    from poolsim.app.output import check_out_file
 
     if source is not None and out.resolve() == source.resolve():
         raise ValueError(f"{out} is the input trace; write to another file")
@@ -725,7 +725,7 @@ def _check_out(out: Path, force: bool, source: Path | None = None) -> None:
 
 def _poolsim_trace(path: Path) -> bool:
     """An existing file poolsim may replace: a trace in poolsim's own format (what these commands write)."""
-    from traces import detect_format
+    from poolsim.traces import detect_format
 
     try:
         return detect_format(path) == "poolsim"
@@ -734,8 +734,8 @@ def _poolsim_trace(path: Path) -> bool:
 
 
 def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
-    from sim.output import write_file
-    from traces import write_trace
+    from poolsim.app.output import write_file
+    from poolsim.traces import write_trace
 
     _check_out(out, force, trace.source_path)
     written = []
@@ -753,7 +753,7 @@ def trace_inspect(file: Path = FILE_ARG, fmt: Optional[str] = FORMAT_OPT, skip_b
                   block_size: int = typer.Option(512, help="tokens per block for the block-granularity ratio"),
                   as_json: bool = JSON_OPT) -> None:
     """Requests, duration, rate, length percentiles and prefix sharing with an unbounded cache."""
-    from traces import inspect_trace
+    from poolsim.traces import inspect_trace
 
     with _one_line_errors():
         stats = inspect_trace(_load(file, fmt, skip_bad_lines), block_size=block_size)
@@ -807,7 +807,7 @@ def trace_slice(file: Path = FILE_ARG, out: Path = OUT_ARG, start: float = typer
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
                 as_json: bool = JSON_OPT) -> None:
     """Keep the requests arriving in [start, end)."""
-    from traces import slice_trace
+    from poolsim.traces import slice_trace
 
     with _one_line_errors():
         _check_out(out, force, file)
@@ -821,7 +821,7 @@ def trace_scale(file: Path = FILE_ARG, out: Path = OUT_ARG,
                 fmt: Optional[str] = FORMAT_OPT, skip_bad_lines: bool = SKIP_OPT, force: bool = FORCE_OPT,
                 as_json: bool = JSON_OPT) -> None:
     """Speed a trace up or slow it down (arrival times divided by the factor)."""
-    from traces import mean_rate, scale_trace
+    from poolsim.traces import mean_rate, scale_trace
 
     with _one_line_errors():
         if (factor is None) == (rate is None):
@@ -855,7 +855,7 @@ def trace_generate(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Generate a seeded synthetic workload (multi-turn chats or agent loops) in poolsim's format."""
-    from traces import agent_spec, chat_spec, generate, parse_length, parse_rate
+    from poolsim.traces import agent_spec, chat_spec, generate, parse_length, parse_rate
 
     with _one_line_errors():
         _check_out(out, force)
@@ -881,8 +881,8 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Print the page's path and the runs as one JSON object."),
 ) -> None:
     """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
-    from reports.html import ReportError, render_comparison, render_report
-    from sim.output import publish_dir, recording
+    from poolsim.app.output import publish_dir, recording
+    from poolsim.reports.html import ReportError, render_comparison, render_report
 
     def render(target):
         return (render_comparison([run_dir, *compare], target or run_dir) if compare
@@ -952,9 +952,9 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="bench_serving's result dict(s) as JSON."),
 ) -> None:
     """SGLang's bench_serving against the simulated server: its datasets, rates, concurrency and printout."""
-    from pools.errors import PoolError
-    from sim.bench_serving import BenchConfig, format_result, run_bench
-    from sim.run import check_step_time
+    from poolsim.app.bench_serving import BenchConfig, format_result, run_bench
+    from poolsim.app.run import check_step_time
+    from poolsim.pools.errors import PoolError
 
     try:
         check_step_time(step_time, calibration)
@@ -985,7 +985,7 @@ def bench(
 def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
     """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
     poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
-    from sim.output import MARKER, check_out_dir, run_files
+    from poolsim.app.output import MARKER, check_out_dir, run_files
 
     if out is None:
         return None
@@ -1004,8 +1004,8 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
     """Shared by calibrate and validate: the trace through the pools on a device (kernels.calibrate)."""
     import os
 
-    from kernels.replay import PoolMismatch, ReplayOptions
-    from pools.errors import PoolError
+    from poolsim.kernels.replay import PoolMismatch, ReplayOptions
+    from poolsim.pools.errors import PoolError
 
     if device == "cpu" and triton_steps:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel module is first imported
@@ -1019,7 +1019,7 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
         _fail(ValueError(f"--device {device!r}: {e}"))
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         _fail(ValueError(f"--device {device}: no CUDA device here (use --device cpu --tiny for the CPU path)"))
-    from kernels.calibrate import calibrate as run_calibration
+    from poolsim.kernels.calibrate import calibrate as run_calibration
 
     opts = ReplayOptions(device=device, tiny=tiny, layers=layers or ("unit" if tiny else "full"),
                          max_steps=max_steps, budget_s=budget_s, triton_steps=triton_steps, seed=seed,

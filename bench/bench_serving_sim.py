@@ -15,10 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pools.gpu_catalog import get_gpu  # noqa: E402
-from pools.model_config import ModelConfig  # noqa: E402
-from pools.server_args import ServerArgs  # noqa: E402
-from sim.bench_serving import BenchConfig, run_bench  # noqa: E402
+from poolsim.app.bench_serving import BenchConfig, run_bench  # noqa: E402
+from poolsim.pools.hardware.gpu_catalog import get_gpu  # noqa: E402
+from poolsim.pools.model.config import ModelConfig  # noqa: E402
+from poolsim.pools.sizing.server_args import ServerArgs  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
 

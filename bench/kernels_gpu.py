@@ -204,12 +204,12 @@ class Bench:
 
     # ---------------------------------------------------------------- checks at real shapes
     def run_checks(self, k):
-        from kernels.ops.conv1d_update import naive as conv_naive
-        from kernels.ops.decode_attention import naive as att_naive
-        from kernels.ops.kda_decode import naive as kda_naive
-        from kernels.ops.store_kv import naive as store_naive
-        from kernels.ops.write_req_to_token import naive as w_naive
-        from kernels.testing import rel_rms_error
+        from poolsim.kernels.ops.conv1d_update import naive as conv_naive
+        from poolsim.kernels.ops.decode_attention import naive as att_naive
+        from poolsim.kernels.ops.kda_decode import naive as kda_naive
+        from poolsim.kernels.ops.store_kv import naive as store_naive
+        from poolsim.kernels.ops.write_req_to_token import naive as w_naive
+        from poolsim.kernels.testing import rel_rms_error
 
         torch, s, dev, rep = self.torch, self.s, self.dev, self.report
         n = min(64, s.state_slots - 1)
@@ -301,8 +301,8 @@ class Bench:
         self.check_prefill(k)
 
     def check_prefill(self, k):
-        from kernels.ops.kda_prefill import naive as prefill_naive
-        from kernels.testing import rel_rms_error
+        from poolsim.kernels.ops.kda_prefill import naive as prefill_naive
+        from poolsim.kernels.testing import rel_rms_error
 
         torch, s, rep = self.torch, self.s, self.report
         name = k["kda_prefill_name"]
@@ -552,12 +552,12 @@ def load_fused(dry: bool):
     import importlib
 
     ops = ["write_req_to_token", "store_kv", "decode_attention", "kda_decode", "conv1d_update"]
-    k = {op: importlib.import_module(f"kernels.ops.{op}.fused") for op in ops}
+    k = {op: importlib.import_module(f"poolsim.kernels.ops.{op}.fused") for op in ops}
     if dry:  # fla's chunk_kda autotunes, which the interpreter cannot: the Triton kda_decode stepped per token
         k["kda_prefill"] = StepwiseKdaPrefill(k["kda_decode"])
         k["kda_prefill_name"] = "kda_prefill (dry run: Triton kda_decode stepped per token, for fla)"
     else:
-        k["kda_prefill"] = (importlib.import_module("kernels.ops.kda_prefill.fused")
+        k["kda_prefill"] = (importlib.import_module("poolsim.kernels.ops.kda_prefill.fused")
                             if importlib.util.find_spec("fla") is not None else None)
         k["kda_prefill_name"] = "kda_prefill (fla chunk_kda)"
     return k

@@ -17,8 +17,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator  # noqa: E402
-from traces import load_trace  # noqa: E402
+from poolsim.pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator  # noqa: E402
+from poolsim.traces import load_trace  # noqa: E402
 
 
 def main(path: str) -> None:

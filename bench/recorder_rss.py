@@ -11,6 +11,7 @@ runs it; ``--table-format`` is passed on when given.
 from __future__ import annotations
 
 import argparse
+import importlib
 import resource
 import sys
 import tempfile
@@ -31,11 +32,11 @@ def main() -> None:
     sys.path.insert(0, opts.root)
     if opts.cli:
         return _cli(opts)
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from traces import load_trace
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.traces import load_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
@@ -50,11 +51,11 @@ def main() -> None:
         rss1 = _peak_mib()
         tables = (r.steps.memory_usage(deep=True).sum() + r.requests.memory_usage(deep=True).sum()) / 2**20
         if opts.out:
-            from sim.output import write_run
+            from poolsim.app.output import write_run
 
             write_run(opts.out, r.steps, r.requests, r.summary, r.run)
         rss2 = _peak_mib()
-        held = _recorder_bytes(r) if hasattr(__import__("sim.metrics").metrics, "Table") else None
+        held = _recorder_bytes(r) if hasattr(importlib.import_module("poolsim.sim.metrics"), "Table") else None
     print(f"root {opts.root}" + (f", step table streamed as {opts.stream}" if opts.stream else ""))
     print(f"{opts.requests:,} requests, {r.summary['steps']:,} steps, {cpu:.1f} s CPU; RSS {rss0:.0f} MiB before "
           f"the run (trace loaded), peak {rss1:.0f} MiB during it, {rss2:.0f} MiB with writing; "
@@ -69,7 +70,7 @@ def _cli(opts) -> None:
 
     from typer.testing import CliRunner
 
-    from cli import app
+    from poolsim.cli import app
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
@@ -97,7 +98,7 @@ def _recorder_bytes(r) -> dict:
     """The run's step and request rows held as a list of tuples (the old recorder) and as columnar chunks."""
     import tracemalloc
 
-    from sim.metrics import Table
+    from poolsim.sim.metrics import Table
 
     out = {}
     for name, frame in (("steps", r.steps), ("requests", r.requests)):
@@ -120,7 +121,7 @@ def _recorder_bytes(r) -> dict:
 def _generate(path: Path, n: int) -> None:
     from typer.testing import CliRunner
 
-    from cli import app
+    from poolsim.cli import app
 
     res = CliRunner().invoke(app, ["trace", "generate", str(path), "--sessions", str(n // 4), "--turns", "fixed:4",
                                    "--rate", "20", "--think-time", "5", "--system-prompt-len", "200",

@@ -29,26 +29,43 @@ sys.path.insert(0, str(ROOT / "bench"))
 from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402
 
 # The simulate() call every commit since 2026-11-29 accepts; the child refuses to run code from another tree
-# (an editable install of this one would otherwise shadow the worktree's modules).
+# (an installed poolsim would otherwise shadow the tree's modules). A tree with a root __init__.py is the poolsim
+# package itself (setup.py) and is loaded as ``poolsim`` from its own folder; an older tree's top-level packages
+# (pools, sim, traces) are imported from its root.
 CHILD = """
-import json, sys, time
+import importlib.util, json, sys, time
 cpu0 = time.process_time()
 root, path, case = sys.argv[1], sys.argv[2], int(sys.argv[3])
-sys.path.insert(0, root)
-import pools
 from pathlib import Path
+if (Path(root) / "__init__.py").is_file():
+    spec = importlib.util.spec_from_file_location("poolsim", Path(root) / "__init__.py",
+                                                  submodule_search_locations=[root])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["poolsim"] = package
+    spec.loader.exec_module(package)
+    from poolsim import pools
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.app.run import simulate
+    from poolsim.traces import load_trace
+    from poolsim.compiled import compiled_modules
+    compiled = bool(compiled_modules())
+else:
+    sys.path.insert(0, root)
+    import pools
+    from pools.gpu_catalog import get_gpu
+    from pools.model_config import ModelConfig
+    from pools.server_args import ServerArgs
+    from sim.run import simulate
+    from traces import load_trace
+    try:
+        from pools._pure_python import compiled_modules
+        compiled = bool(compiled_modules())
+    except ImportError:  # a commit from before the compiled core
+        compiled = False
 if Path(pools.__file__).resolve().parents[1] != Path(root).resolve():
     sys.exit(f"imported pools from {pools.__file__}, not from {root}")
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.run import simulate
-from traces import load_trace
-try:
-    from pools._pure_python import compiled_modules
-    compiled = bool(compiled_modules())
-except ImportError:  # a commit from before the compiled core
-    compiled = False
 name, gpu, tp = json.loads(sys.argv[4])[case]
 s = simulate(load_trace(path), ModelConfig.load(name), get_gpu(gpu), ServerArgs(tp_size=tp)).summary
 print(json.dumps({"steps": int(s["steps"]), "cpu_s": time.process_time() - cpu0, "compiled": compiled}))

@@ -29,12 +29,12 @@ from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402
 
 CHILD = """
 import json, sys
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.run import simulate
-from traces import load_trace
-import pools._pure_python as pure
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.app.run import simulate
+from poolsim.traces import load_trace
+import poolsim.compiled as pure
 path, case, run = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "run"
 name, gpu, tp = json.loads(sys.argv[4])[case]
 trace, model, gpu = load_trace(path), ModelConfig.load(name), get_gpu(gpu)

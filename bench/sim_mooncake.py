@@ -36,7 +36,7 @@ COPY_ID_STRIDE = 1 << 38  # segment-id offset per copy: Mooncake block ids are f
 def four_times(trace):
     """Four back-to-back copies; copy k's segment ids are shifted by k * COPY_ID_STRIDE and its arrivals by
     k * (the trace's span + 1 s)."""
-    from traces import Trace
+    from poolsim.traces import Trace
 
     reqs = list(trace)
     span = max(r.arrival_s for r in reqs) + 1.0
@@ -48,12 +48,12 @@ def four_times(trace):
 
 def run_one(path: str, case: int, x4: bool) -> dict:
     t_cpu, t_wall = time.process_time(), time.perf_counter()
-    from pools._pure_python import compiled_modules
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from traces import load_trace
+    from poolsim.app.run import simulate
+    from poolsim.compiled import compiled_modules
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.traces import load_trace
 
     name, gpu, tp = CASES[case]
     trace = load_trace(path)

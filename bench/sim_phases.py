@@ -24,18 +24,18 @@ from sim_mooncake import CASES, DEFAULT_TRACE  # noqa: E402  (the same two runs 
 
 # (module, class or None, attribute, what the phase is)
 PHASES = [
-    ("sim.schedule_batch", "ScheduleBatch", "prepare_for_extend", "prefill: rows, slots, prefix copy, tracks"),
-    ("sim.schedule_batch", "ScheduleBatch", "prepare_for_decode", "decode: one slot per request, seq lens"),
-    ("sim.scheduler", "Scheduler", "_process_decode_reqs", "decode results: append, finish (incl. releases)"),
-    ("sim.scheduler", None, "checkpoint_kv_cache", "tree insert of a chunk or a prefilled prompt"),
-    ("sim.schedule_policy", "SchedulePolicy", "calc_priority", "waiting-queue prefix refresh"),
-    ("sim.scheduler", None, "release_kv_cache", "finish: tree insert, frees"),
-    ("sim.engine", "Simulation", "_record", "one step row"),
-    ("sim.scheduler", None, "match_prefix_for_req", "admission prefix match"),
-    ("sim.scheduler", "Scheduler", "_reqs_finishing_inflight", "overlap: requests finishing in flight"),
-    ("sim.prefill_adder", "PrefillAdder", "__init__", "prefill budget from the running batch"),
-    ("sim.prefill_adder", "PrefillAdder", "add_one_req", "one admission decision"),
-    ("sim.schedule_batch", "ScheduleBatch", "check_decode_mem", "decode memory check"),
+    ("poolsim.sim.schedule_batch", "ScheduleBatch", "prepare_for_extend", "prefill: rows, slots, prefix copy, tracks"),
+    ("poolsim.sim.schedule_batch", "ScheduleBatch", "prepare_for_decode", "decode: one slot per request, seq lens"),
+    ("poolsim.sim.scheduler", "Scheduler", "_process_decode_reqs", "decode results: append, finish (incl. releases)"),
+    ("poolsim.sim.scheduler", None, "checkpoint_kv_cache", "tree insert of a chunk or a prefilled prompt"),
+    ("poolsim.sim.schedule_policy", "SchedulePolicy", "calc_priority", "waiting-queue prefix refresh"),
+    ("poolsim.sim.scheduler", None, "release_kv_cache", "finish: tree insert, frees"),
+    ("poolsim.sim.engine", "Simulation", "_record", "one step row"),
+    ("poolsim.sim.scheduler", None, "match_prefix_for_req", "admission prefix match"),
+    ("poolsim.sim.scheduler", "Scheduler", "_reqs_finishing_inflight", "overlap: requests finishing in flight"),
+    ("poolsim.sim.prefill_adder", "PrefillAdder", "__init__", "prefill budget from the running batch"),
+    ("poolsim.sim.prefill_adder", "PrefillAdder", "add_one_req", "one admission decision"),
+    ("poolsim.sim.schedule_batch", "ScheduleBatch", "check_decode_mem", "decode memory check"),
 ]
 
 
@@ -68,11 +68,11 @@ def main(argv: list[str]) -> None:
     opts = ap.parse_args(argv)
     stats = [[0, 0.0] for _ in PHASES]
     instrument(stats)
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from traces import load_trace
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.traces import load_trace
 
     name, gpu, tp = CASES[opts.case]
     trace = load_trace(opts.trace)

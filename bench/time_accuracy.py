@@ -58,12 +58,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pools.gpu_catalog import ARCHS, get_gpu  # noqa: E402
-from pools.model_config import ModelConfig  # noqa: E402
-from pools.server_args import ServerArgs  # noqa: E402
-from pools.sizing import plan_memory  # noqa: E402
-from sim.step_time import FIT_BOUNDS, PRIORS, AnalyticStepTime, Coefficients, ModelCost  # noqa: E402
-from traces.bench_serving import random_lens  # noqa: E402
+from poolsim.pools.hardware.gpu_catalog import ARCHS, get_gpu  # noqa: E402
+from poolsim.pools.model.config import ModelConfig  # noqa: E402
+from poolsim.pools.sizing.plan import plan_memory  # noqa: E402
+from poolsim.pools.sizing.server_args import ServerArgs  # noqa: E402
+from poolsim.sim.step_time import FIT_BOUNDS, PRIORS, AnalyticStepTime, Coefficients, ModelCost  # noqa: E402
+from poolsim.traces.bench_serving import random_lens  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"
 SEQUENCES = ROOT / "bench" / "data" / "server_sequences.csv"
@@ -297,7 +297,7 @@ def bench_config(case: Case) -> "BenchConfig":
     --max-concurrency C, --request-rate inf, ``random`` prompts drawn as SGLang's client draws them with
     --seed 1 (the published totals match these draws exactly: 6101 / 4220 tokens for 10 prompts of
     1000 / 1000), their texts ShareGPT stand-ins (no ShareGPT file here: traces/bench_serving.py)."""
-    from sim.bench_serving import BenchConfig
+    from poolsim.app.bench_serving import BenchConfig
 
     r = case.row
     return BenchConfig(dataset_name="random", sharegpt_standin=True, num_prompts=int(r["num_prompts"]),
@@ -312,7 +312,7 @@ def simulate_cases(cases: list[Case], calibration: str | None = None, k: Coeffic
     """Every case through the simulator as bench_serving ran it: the cases of one server sequence
     (server_sequences.csv) back to back on one simulated server, in their published order, the prefix
     cache carried over; other cases alone. ShareGPT cases need the ShareGPT file: None."""
-    from sim.bench_serving import run_bench
+    from poolsim.app.bench_serving import run_bench
 
     sequences = load_sequences()
     groups: list[list[Case]] = []
@@ -425,7 +425,7 @@ def write_defaults(k: Coefficients, fitted: list[str], measured_error: str) -> N
 def open_loop_report(path: Path = OPEN_LOOP) -> None:
     """Each open-loop run (Poisson arrivals at --request-rate, bench_serving's seeded draws) through the full
     simulator alone on its server; prints the drawn totals against the published ones and the signed errors."""
-    from sim.bench_serving import BenchConfig, run_bench
+    from poolsim.app.bench_serving import BenchConfig, run_bench
 
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))

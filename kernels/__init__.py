@@ -50,7 +50,7 @@ def implementation(op: str, tensor) -> str:
 
 
 def _op(op: str, tensor):
-    module = importlib.import_module(f"kernels.ops.{op}.{implementation(op, tensor)}")
+    module = importlib.import_module(f"poolsim.kernels.ops.{op}.{implementation(op, tensor)}")
     return getattr(module, op)
 
 
@@ -67,7 +67,7 @@ def store_kv(k_buffer, v_buffer, out_cache_loc, k, v, k_scale=None, v_scale=None
 
 def store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope=None, kv_dtype=None):
     """See ``kernels.ops.store_kv.fused.store_mla_kv`` (fp8: a uint8 buffer with ``kv_dtype``)."""
-    module = importlib.import_module(f"kernels.ops.store_kv.{implementation('store_kv', kv_buffer)}")
+    module = importlib.import_module(f"poolsim.kernels.ops.store_kv.{implementation('store_kv', kv_buffer)}")
     return module.store_mla_kv(kv_buffer, out_cache_loc, kv, k_rope, kv_dtype)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pools.gpu_catalog import ARCHS
-from sim import step_time
+from poolsim.pools.hardware.gpu_catalog import ARCHS
+from poolsim.sim import step_time
 
 FORMAT = "poolsim-calibration/1"
 HELDOUT_BLOCKS = (2, 6)  # of 8 contiguous blocks of the measured steps
@@ -450,9 +450,9 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
                noise, refit, log) -> dict:
     import pandas as pd
 
-    from kernels.replay import STEP_FIELDS, DeviceReplay, PoolMismatch, ReferenceRun
-    from pools.sizing import plan_memory
-    from sim.run import simulate
+    from poolsim.app.run import simulate
+    from poolsim.kernels.replay import STEP_FIELDS, DeviceReplay, PoolMismatch, ReferenceRun
+    from poolsim.pools.sizing.plan import plan_memory
 
     t0 = time.perf_counter()
     outdir = OutputDir(out) if out is not None else None

@@ -2,8 +2,8 @@
 checks the pools, runs the stand-in forward over them and measures it, then returns the model's time so the
 schedule is exactly the simulation's (the replay measures, it does not steer).
 
-    sim.run.simulate(..., replay=ReferenceRun())      numpy pools: one digest of the pools per step
-    sim.run.simulate(..., replay=DeviceReplay(...))   torch pools on the device: the same digests, checked per
+    app.run.simulate(..., replay=ReferenceRun())      numpy pools: one digest of the pools per step
+    app.run.simulate(..., replay=DeviceReplay(...))   torch pools on the device: the same digests, checked per
                                                       step (first mismatch stops the run naming step and pool),
                                                       write_req_to_token's output against the simulator's rows,
                                                       the stand-in forward timed, outputs finite
@@ -389,7 +389,7 @@ class _WeightShapes:
     def __init__(self, model, dims, layer_ids, dtype):
         import torch
 
-        from kernels.standin import StandInForward
+        from poolsim.kernels.standin import StandInForward
 
         class Meta(StandInForward):
             def _w(self, *shape, scale=None):
@@ -412,8 +412,9 @@ class _Server:
     def __init__(self, sched, model, plan, dims, layer_ids, opts: ReplayOptions, capture_bs: list[int]):
         import torch
 
-        from kernels.standin import StandInForward, kv_torch_dtype
-        from pools.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+        from poolsim.kernels.standin import StandInForward, kv_torch_dtype
+        from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+        from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
 
         attn = [i for i in layer_ids if model.layers[i].mixer == "attention"]
         size, page = sched.config.max_total_num_tokens, sched.page_size
@@ -440,7 +441,7 @@ class DeviceReplay:
                  cuda_graph_max_bs: int = 0):
         """``cuda_graph_max_bs``: SGLang's decode graph limit for this server (the step-time model's
         ``ModelCost.cuda_graph_max_bs``; 0: graphs off, every step eager)."""
-        from kernels.standin import Dims, select_layers
+        from poolsim.kernels.standin import Dims, select_layers
 
         self.model, self.plan, self.opts = model, plan, opts
         self.device = opts.device
@@ -475,11 +476,12 @@ class DeviceReplay:
         cannot fit before it starts rather than to be exact."""
         import torch
 
-        import kernels
-        from kernels.standin import SCORE_BLOCK_BYTES
-        from pools.kv_cache import MHATokenToKVPool, MLATokenToKVPool
-        from pools.mamba_pool import MambaPool
-        from sim.run import mamba_config, scheduler_config
+        from poolsim import kernels
+        from poolsim.app.run import mamba_config, scheduler_config
+        from poolsim.kernels.standin import SCORE_BLOCK_BYTES
+        from poolsim.pools.mem_cache.pool.mamba import MambaPool
+        from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+        from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
 
         model, plan, d, dev = self.model, self.plan, self.dims, torch.device(self.device)
         config = scheduler_config(plan, args)
@@ -521,7 +523,7 @@ class DeviceReplay:
         """The device state pool: the stand-in's shapes, over the run linear layers only."""
         if mamba is None:
             return None
-        from kernels.standin import LINEAR_MIXERS
+        from poolsim.kernels.standin import LINEAR_MIXERS
 
         params = mamba.cache_params
         lin = [i for i in self.layer_ids if self.model.layers[i].mixer in LINEAR_MIXERS]
@@ -575,7 +577,7 @@ class DeviceReplay:
     def _inputs(self, batch, server):
         import torch
 
-        from kernels.standin import StepInputs
+        from poolsim.kernels.standin import StepInputs
 
         dev = torch.device(self.device)
         ext, lens, dec, seq = batch_lengths(batch)
@@ -596,7 +598,7 @@ class DeviceReplay:
 
         import torch
 
-        import kernels
+        from poolsim import kernels
 
         table, mirror = server.pool.req_to_token, server.mirror
         ctx = kernels.use_backend("fused") if triton else contextlib.nullcontext()
@@ -626,7 +628,7 @@ class DeviceReplay:
 
         import torch
 
-        import kernels
+        from poolsim import kernels
 
         shape = StepShape.of(batch)
         timer = self.timer_cls(self.device)

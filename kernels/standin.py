@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels.ops.kda_prefill import naive as kda_prefill_reference
+from poolsim import kernels
+from poolsim.kernels.ops.kda_prefill import naive as kda_prefill_reference
 
 SUPPORTED_MIXERS = ("attention", "kda", "gdn", "mamba2", "short_conv")
 LINEAR_MIXERS = ("kda", "gdn", "mamba2", "short_conv")  # the ones with a state slot in the MambaPool
@@ -140,7 +140,7 @@ class Dims:
 
     def state_shape(self, kind: str):
         """The per-slot state shapes of these dims (tp 1: the dims are per rank already), as the pool lays them out."""
-        from pools.mamba_pool import MambaStateShape
+        from poolsim.pools.mem_cache.pool.mamba import MambaStateShape
 
         if kind == "kda":
             return MambaStateShape.kimi_linear(1, self.lin_heads, self.lin_head_dim, self.conv_kernel)

@@ -1,19 +1,19 @@
 """SGLang 0.5.23's memory machinery, one class per SGLang concept, over numpy (simulation) or torch (device)."""
 
-from pools._pure_python import install_if_asked
-
-install_if_asked()  # POOLSIM_PURE_PYTHON=1: the .py sources, not the compiled modules
-
-from pools.allocator import MambaSlotAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, PoolError
-from pools.kv_cache import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool
-from pools.mamba_pool import MambaCacheParams, MambaPool, MambaStateShape
-from pools.mamba_radix_cache import MambaRadixCache
-from pools.no_cache import DisabledRadixCache
-from pools.radix_cache import RadixCache, RadixKey
-from pools.req_kv import ReqKvInfo
-from pools.req_to_token_pool import HybridReqToTokenPool, ReqToTokenPool
-from pools.server_args import ServerArgs
+from poolsim.pools.errors import DoubleFreeError, MambaCapacityError, OutOfMemoryError, PoolError
+from poolsim.pools.mem_cache.allocator.mamba import MambaSlotAllocator
+from poolsim.pools.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from poolsim.pools.mem_cache.allocator.token import TokenToKVPoolAllocator
+from poolsim.pools.mem_cache.mamba_radix_cache import MambaRadixCache
+from poolsim.pools.mem_cache.no_cache import DisabledRadixCache
+from poolsim.pools.mem_cache.pool.hybrid import HybridLinearKVPool
+from poolsim.pools.mem_cache.pool.mamba import MambaCacheParams, MambaPool, MambaStateShape
+from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
+from poolsim.pools.mem_cache.pool.req_to_token import HybridReqToTokenPool, ReqToTokenPool
+from poolsim.pools.mem_cache.radix_cache import RadixCache, RadixKey
+from poolsim.pools.mem_cache.req_kv import ReqKvInfo
+from poolsim.pools.sizing.server_args import ServerArgs
 
 __all__ = [
     "ReqToTokenPool", "HybridReqToTokenPool",

@@ -21,8 +21,9 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from reports import plots
-from reports.tables import (
+from poolsim.app.output import read_run, run_files, table_path
+from poolsim.reports import plots
+from poolsim.reports.tables import (
     comparison_config,
     comparison_summary,
     configuration,
@@ -34,8 +35,7 @@ from reports.tables import (
     verdict_facts,
     verdict_state,
 )
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
-from sim.output import read_run, run_files, table_path
+from poolsim.sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 TEMPLATES = Path(__file__).with_name("templates")
 DPI = 100  # PNG pixels per figure inch

@@ -14,7 +14,7 @@ def plot_plan_compare(data, crossover_context_len: int | None = None, title: str
     """Two panels per model: bytes per request (GiB, one rank) and max concurrent requests vs context length.
 
     ``data``: a DataFrame or records with columns model, context_len, bytes_per_request, max_concurrency
-    (``pools.sizing.compare_records``). ``crossover_context_len`` draws where the hybrid's fixed state
+    (``pools.sizing.plan.compare_records``). ``crossover_context_len`` draws where the hybrid's fixed state
     stops costing more than the KV it replaces.
     """
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(list(data))

@@ -11,8 +11,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
-from reports import units
-from sim.metrics import percentiles
+from poolsim.reports import units
+from poolsim.sim.metrics import percentiles
 
 MAX_BINS = 600  # time bins per timeline
 MAX_POINTS = 20_000  # scatter points per series

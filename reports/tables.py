@@ -8,7 +8,7 @@ import re
 
 from markupsafe import Markup
 
-from reports import definitions, units
+from poolsim.reports import definitions, units
 
 POOL_NAMES = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots", "swa": "SWA KV tokens"}
 

@@ -16,9 +16,9 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import simpy
 
-from sim.metrics import Recorder
-from sim.req import Req
-from sim.scheduler import Scheduler
+from poolsim.sim.metrics import Recorder
+from poolsim.sim.req import Req
+from poolsim.sim.scheduler import Scheduler
 
 FLUSH_POLL_S = 0.001  # how often a pending /flush_cache re-checks that the server is idle
 FULL_SCAN_IDS = 1 << 16  # --check: free-list ids scanned per step, at most about this many on average
@@ -164,7 +164,7 @@ class Simulation:
         if len(self.replicas) == 1:
             return self.replicas[0]
         if self.router == "cache_aware":
-            from pools.radix_cache import RadixKey
+            from poolsim.pools.mem_cache.radix_cache import RadixKey
 
             key = RadixKey(req.token_ids(max(req.seqlen - 1, 0)), req.extra_key)
             best = max(self.replicas, key=lambda r: (self._peek_match(r, key), -self._load(r)))

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
 
-from pools.base_prefix_cache import BasePrefixCache
+from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
 
 if TYPE_CHECKING:
-    from sim.schedule_batch import ScheduleBatch
+    from poolsim.sim.schedule_batch import ScheduleBatch
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: kept free per request by add_one_req_ignore_eos

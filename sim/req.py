@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from pools.req_kv import ReqKvInfo
-from traces.request import MAX_SEGMENT_LEN
+from poolsim.pools.mem_cache.req_kv import ReqKvInfo
+from poolsim.traces.request import MAX_SEGMENT_LEN
 
 OUTPUT_IDS_ROOM = 4096  # output ids built with the prompt; a longer output grows its ids by doubling
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pools.allocation import (
+from poolsim.pools.mem_cache.allocation import (
     alloc_for_decode_kvs,
     alloc_for_extend,
     check_decode_capacity,
     evict_from_tree_cache,
     release_kv_cache,
 )
-from pools.base_prefix_cache import BasePrefixCache
-from pools.swa_radix_cache import SWA_EVICTION_INTERVAL
-from sim.req import Req
+from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
+from poolsim.pools.mem_cache.swa_radix_cache import SWA_EVICTION_INTERVAL
+from poolsim.sim.req import Req
 
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per remaining request
 

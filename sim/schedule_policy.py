@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pools.allocation import match_prefix_for_req
-from pools.base_prefix_cache import BasePrefixCache
-from pools.radix_cache import RadixCache, RadixKey
+from poolsim.pools.mem_cache.allocation import match_prefix_for_req
+from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
+from poolsim.pools.mem_cache.radix_cache import RadixCache, RadixKey
 
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 WAITING_PREFIX_REFRESH_INTERVAL = 32

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pools.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
-from pools.base_prefix_cache import BasePrefixCache
-from pools.req_to_token_pool import ReqToTokenPool
-from sim.prefill_adder import AddReqResult, PrefillAdder
-from sim.req import Req
-from sim.schedule_batch import ScheduleBatch
-from sim.schedule_policy import SchedulePolicy
-from sim.swa_prefill_adder import SWAPrefillAdder
+from poolsim.pools.mem_cache.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
+from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
+from poolsim.pools.mem_cache.pool.req_to_token import ReqToTokenPool
+from poolsim.sim.prefill_adder import AddReqResult, PrefillAdder
+from poolsim.sim.req import Req
+from poolsim.sim.schedule_batch import ScheduleBatch
+from poolsim.sim.schedule_policy import SchedulePolicy
+from poolsim.sim.swa_prefill_adder import SWAPrefillAdder
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pools import (
+from poolsim.pools import (
     DisabledRadixCache,
     HybridReqToTokenPool,
     MambaRadixCache,
@@ -13,10 +13,10 @@ from pools import (
     ReqToTokenPool,
     TokenToKVPoolAllocator,
 )
-from pools.mamba_pool import MambaCacheParams
-from pools.swa_allocator import SWATokenToKVPoolAllocator
-from pools.swa_radix_cache import SWARadixCache
-from sim.scheduler import Scheduler, SchedulerConfig
+from poolsim.pools.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+from poolsim.pools.mem_cache.pool.mamba import MambaCacheParams
+from poolsim.pools.mem_cache.swa_radix_cache import SWARadixCache
+from poolsim.sim.scheduler import Scheduler, SchedulerConfig
 
 
 @dataclass(frozen=True)

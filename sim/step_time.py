@@ -48,7 +48,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from pools.gpu_catalog import ARCHS
+from poolsim.pools.hardware.gpu_catalog import ARCHS
 
 # What each coefficient is, and where its value comes from.
 DESCRIPTIONS = {
@@ -327,7 +327,7 @@ class ModelCost:
     def from_model(model, gpu, plan, args=None) -> "ModelCost":
         """``args`` (ServerArgs, optional) says whether CUDA graphs are on and the EP size; without it
         SGLang's defaults apply."""
-        from pools.server_defaults import decode_cuda_graph_max_bs, prefill_cuda_graph_on
+        from poolsim.pools.sizing.server_defaults import decode_cuda_graph_max_bs, prefill_cuda_graph_on
 
         tp = plan.tp_size
         total = model.weight_bytes_per_rank(tp)

@@ -11,7 +11,7 @@ admitted request's ``swa_tokens``; running requests reserve nothing on the SWA s
 
 from __future__ import annotations
 
-from sim.prefill_adder import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
+from poolsim.sim.prefill_adder import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
 
 def estimate_swa_kv_tokens(extend_input_len: int, max_new_tokens: int, sliding_window_size: int, page_size: int,

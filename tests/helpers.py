@@ -11,12 +11,12 @@ def as_list(x):
 
 
 class FakeReq:
-    """A minimal request for driving the pools directly (the ``pools.req_kv.ReqLike`` protocol)."""
+    """A minimal request for driving the pools directly (the ``pools.mem_cache.req_kv.ReqLike`` protocol)."""
 
     def __init__(self, tokens, extra_key=None, origin_input_len=None):
         import numpy as np
 
-        from pools.req_kv import ReqKvInfo
+        from poolsim.pools.mem_cache.req_kv import ReqKvInfo
 
         self.tokens = np.asarray(tokens, dtype=np.int64)
         self.origin_input_len = len(self.tokens) if origin_input_len is None else origin_input_len
@@ -100,10 +100,10 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
             ignore_eos=False, swa=None):
     """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler).
     ``ignore_eos``: every request is sent with ignore_eos (as bench_serving does)."""
-    from sim.engine import Simulation
-    from sim.metrics import Recorder
-    from sim.server import build_server
-    from sim.step_time import FixedStepTime
+    from poolsim.sim.engine import Simulation
+    from poolsim.sim.metrics import Recorder
+    from poolsim.sim.server import build_server
+    from poolsim.sim.step_time import FixedStepTime
 
     rec = Recorder()
     sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device,
@@ -117,7 +117,7 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
 
 def small_trace(tmp_path, seconds: float = 20.0):
     """The bundled trace's first ``seconds``, written to a file for the CLI."""
-    from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+    from poolsim.traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
 
     path = tmp_path / "small.jsonl"
     write_trace(slice_trace(load_trace(DEFAULT_TRACE), 0, seconds), path)

@@ -2,16 +2,28 @@
 
 from pathlib import Path
 
-from traces.errors import RequestError, TraceFormatError
-from traces.generate import (
-    ConstantRate, DiurnalRate, Empirical, Fixed, LogNormal, StepRate, Uniform, WorkloadSpec, agent_spec,
-    arrival_times, chat_spec, generate, parse_length, parse_rate,
+from poolsim.traces.errors import RequestError, TraceFormatError
+from poolsim.traces.generate import (
+    ConstantRate,
+    DiurnalRate,
+    Empirical,
+    Fixed,
+    LogNormal,
+    StepRate,
+    Uniform,
+    WorkloadSpec,
+    agent_spec,
+    arrival_times,
+    chat_spec,
+    generate,
+    parse_length,
+    parse_rate,
 )
-from traces.inspect import TraceStats, inspect_trace, mean_rate, shared_prefix_lengths
-from traces.load import FORMATS, detect_format, load_trace
-from traces.poolsim_format import write_trace
-from traces.request import Request, fold_segment_id, segment_tokens
-from traces.trace import Trace, scale_trace, slice_trace
+from poolsim.traces.inspect import TraceStats, inspect_trace, mean_rate, shared_prefix_lengths
+from poolsim.traces.load import FORMATS, detect_format, load_trace
+from poolsim.traces.poolsim_format import write_trace
+from poolsim.traces.request import Request, fold_segment_id, segment_tokens
+from poolsim.traces.trace import Trace, scale_trace, slice_trace
 
 DEFAULT_TRACE = Path(__file__).parent / "data" / "default.jsonl"
 

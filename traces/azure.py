@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
-from traces.errors import TraceFormatError
-from traces.lines import Skips, build, decode, in_order, numbered_lines
-from traces.request import Request
+from poolsim.traces.errors import TraceFormatError
+from poolsim.traces.lines import Skips, build, decode, in_order, numbered_lines
+from poolsim.traces.request import Request
 
 FORMAT = "azure"
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -57,9 +57,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import TraceFormatError
-from traces.request import MAX_SEGMENT_LEN, Request
-from traces.sharegpt import estimate_tokens, message_segment
+from poolsim.traces.errors import TraceFormatError
+from poolsim.traces.request import MAX_SEGMENT_LEN, Request
+from poolsim.traces.sharegpt import estimate_tokens, message_segment
 
 DATASETS = ("random", "random-ids", "sharegpt")
 RANGE_STYLES = ("sglang", "vllm", "sglang-legacy")

@@ -18,8 +18,8 @@ from typing import Protocol
 
 import numpy as np
 
-from traces.request import MAX_ARRIVAL_S, MAX_SEGMENT_LEN, Request
-from traces.trace import Trace
+from poolsim.traces.request import MAX_ARRIVAL_S, MAX_SEGMENT_LEN, Request
+from poolsim.traces.trace import Trace
 
 
 class RateProfile(Protocol):
@@ -252,7 +252,7 @@ def parse_length(spec: str) -> LengthDist:
     try:
         if kind == "empirical":
             which, _, path = args.partition(",")
-            from traces.load import load_trace
+            from poolsim.traces.load import load_trace
 
             return Empirical.from_trace(load_trace(path), which)
         nums = [float(a) for a in args.split(",")] if args else []

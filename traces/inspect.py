@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from traces.request import Request
-from traces.trace import Trace
+from poolsim.traces.request import Request
+from poolsim.traces.trace import Trace
 
 PERCENTILES = (50, 90, 99)
 

@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from traces.errors import RequestError, TraceFormatError
-from traces.request import Request
+from poolsim.traces.errors import RequestError, TraceFormatError
+from poolsim.traces.request import Request
 
 
 class Skips:

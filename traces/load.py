@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from traces import azure, mooncake, poolsim_format, sharegpt, tokens
-from traces.errors import TraceFormatError
-from traces.lines import HEAD_BYTES, Skips, head, numbered_lines
-from traces.request import Request
-from traces.trace import Trace
+from poolsim.traces import azure, mooncake, poolsim_format, sharegpt, tokens
+from poolsim.traces.errors import TraceFormatError
+from poolsim.traces.lines import HEAD_BYTES, Skips, head, numbered_lines
+from poolsim.traces.request import Request
+from poolsim.traces.trace import Trace
 
 KEEP_BYTES = 64 << 20  # parsed requests kept by load_trace up to this size; a larger file streams
 FORMATS = {m.FORMAT: m for m in (mooncake, azure, sharegpt, tokens, poolsim_format)}

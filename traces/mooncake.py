@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from itertools import repeat
 from pathlib import Path
 
-from traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
-from traces.request import NUM_SEGMENT_IDS, Request, fold_segment_id
+from poolsim.traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
+from poolsim.traces.request import NUM_SEGMENT_IDS, Request, fold_segment_id
 
 FORMAT = "mooncake"
 BLOCK_SIZE = 512  # tokens per hash_ids entry

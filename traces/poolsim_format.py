@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
-from traces.request import Request
+from poolsim.traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
+from poolsim.traces.request import Request
 
 FORMAT = "poolsim"
 FIELDS = ("rid", "arrival_s", "input_len", "output_len", "max_new_tokens", "ignore_eos", "session_id", "turn",

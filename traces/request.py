@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import RequestError
+from poolsim.traces.errors import RequestError
 
 SEGMENT_BITS = 20
 MAX_SEGMENT_LEN = 1 << SEGMENT_BITS  # tokens in one segment

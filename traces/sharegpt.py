@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from traces.errors import TraceFormatError
-from traces.lines import BOM, Skips, head, json_object, numbered_lines
-from traces.request import MAX_SEGMENT_LEN, Request
+from poolsim.traces.errors import TraceFormatError
+from poolsim.traces.lines import BOM, Skips, head, json_object, numbered_lines
+from poolsim.traces.request import MAX_SEGMENT_LEN, Request
 
 FORMAT = "sharegpt"
 CONVERSATION_INTERVAL_S = 1.0  # seconds between conversation starts

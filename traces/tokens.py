@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
-from traces.poolsim_format import optional_fields
-from traces.request import Request
+from poolsim.traces.lines import Fields, Skips, build, in_order, json_object, numbered_lines
+from poolsim.traces.poolsim_format import optional_fields
+from poolsim.traces.request import Request
 
 FORMAT = "tokens"
 NAMES = {"input_len": "token_ids"}

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from traces.request import Request
+from poolsim.traces.request import Request
 
 
 class Trace:

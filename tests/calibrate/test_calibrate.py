@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
-from kernels import calibrate as cal  # noqa: E402
-from kernels.replay import DeviceReplay, PoolMismatch, ReferenceRun, ReplayOptions  # noqa: E402
-from kernels.standin import select_layers  # noqa: E402
-from pools.model_config import ModelConfig  # noqa: E402
+from poolsim.kernels import calibrate as cal  # noqa: E402
+from poolsim.kernels.replay import DeviceReplay, PoolMismatch, ReferenceRun, ReplayOptions  # noqa: E402
+from poolsim.kernels.standin import select_layers  # noqa: E402
+from poolsim.pools.model.config import ModelConfig  # noqa: E402
 
 runner = CliRunner()
 SMALL = ["--max-total-tokens", "16000", "--context-length", "4096"]
@@ -65,9 +65,9 @@ LLAMA_H100_FIXED = {
 def test_fit_recovers_known_coefficients(tmp_path):
     """The fit alone on a numpy simulation's steps: long shared prompts and 10-80 token answers give decode
     steps whose KV read varies by half the weights, and prefills from 200 to 1,500 tokens."""
-    from sim.run import simulate
-    from pools.gpu_catalog import ARCHS
-    from sim.step_time import Coefficients, ModelCost
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import ARCHS
+    from poolsim.sim.step_time import Coefficients, ModelCost
     from tests.calibrate.util import load, server
 
     trace = generate_trace(tmp_path / "long.jsonl", "--sessions", "16", "--rate", "8", "--turns", "fixed:1",
@@ -220,8 +220,8 @@ def test_calibrate_tiny_end_to_end(chat_trace, tmp_path):
 
 
 def test_first_pool_mismatch_stops_the_run_naming_step_and_pool(chat_trace):
-    from pools.sizing import plan_memory
-    from sim.run import simulate
+    from poolsim.app.run import simulate
+    from poolsim.pools.sizing.plan import plan_memory
     from tests.calibrate.util import load, server
 
     model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=16000, context_length=4096)

@@ -7,14 +7,14 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
-from kernels import calibrate as cal  # noqa: E402
-from kernels.replay import CudaGraphRunner, decode_capture_bs  # noqa: E402
-from kernels.standin import StepInputs, gdn_gate_as_kda, mamba2_decode, mamba2_prefill  # noqa: E402
+from poolsim.kernels import calibrate as cal  # noqa: E402
+from poolsim.kernels.replay import CudaGraphRunner, decode_capture_bs  # noqa: E402
+from poolsim.kernels.standin import StepInputs, gdn_gate_as_kda, mamba2_decode, mamba2_prefill  # noqa: E402
 
 runner = CliRunner()
 SMALL = ["--max-total-tokens", "16000", "--context-length", "4096"]
@@ -105,7 +105,7 @@ def test_gdn_scalar_gate_through_the_kda_decode_op():
     exp(-softplus) = [1/2, 1/e] on both key channels; b 0 -> beta 1/2; v = [4, 6].
     head 0: S = [2, 5] / 2 = [1, 2.5]; u = (4 - 1) / 2 = 1.5; S = [2.5, 2.5]; o = 2.5 / sqrt 2.
     head 1: S = 0; u = 6 / 2 = 3; S = [3, 0]; o = 3 / sqrt 2."""
-    import kernels
+    from poolsim import kernels
 
     a, dt_bias = gdn_gate_as_kda(torch.zeros(1, 2, dtype=torch.float64), _one(0.0, math.log(math.e - 1)), 2)
     L = math.log(math.e - 1)
@@ -200,10 +200,10 @@ def test_graph_replay_reads_each_steps_inputs(model_name):
     """The capture path's plumbing on a CPU (fake graphs): every step's padded inputs are copied into the static
     buffers the graphs read, an eager MoE segment's output into the next graph's input, and the logits equal an
     eager forward over the same padded inputs. (Requires CUDA for the real capture: test_calibrate_on_cuda_tiny.)"""
-    from kernels.replay import CpuTimer
-    from kernels.standin import Dims, StandInForward, select_layers
-    from pools.kv_cache import MHATokenToKVPool
-    from pools.model_config import ModelConfig
+    from poolsim.kernels.replay import CpuTimer
+    from poolsim.kernels.standin import Dims, StandInForward, select_layers
+    from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+    from poolsim.pools.model.config import ModelConfig
 
     model = ModelConfig.load(model_name)
     dims = Dims.tiny(model)

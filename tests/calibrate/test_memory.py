@@ -21,7 +21,7 @@ def _case(seed=0):
 
 
 def test_query_blocks_split_each_request_into_bounded_blocks():
-    from kernels.standin import query_blocks
+    from poolsim.kernels.standin import query_blocks
 
     rows, prefix, extend = (torch.tensor(x) for x in ([1, 2, 3], [13, 0, 0], [27, 0, 23]))
     # request 1: 40 keys, 4 heads: 4 * 4 * 40 = 640 score bytes per query row; 6400 bytes -> blocks of 10 rows
@@ -38,8 +38,8 @@ def test_query_blocks_split_each_request_into_bounded_blocks():
 @pytest.mark.parametrize("max_bytes", [1, 6400, 1 << 30])
 def test_blocked_prefill_attention_equals_the_whole(max_bytes):
     """The reference op over the query blocks gives the unblocked output (each query row sees the same keys)."""
-    from kernels.ops.extend_attention import naive
-    from kernels.standin import query_blocks
+    from poolsim.kernels.ops.extend_attention import naive
+    from poolsim.kernels.standin import query_blocks
 
     q, k_buf, v_buf, table, rows, prefix, extend = _case()
     whole = naive.extend_attention(q, k_buf, v_buf, table, rows, prefix, extend)
@@ -48,8 +48,8 @@ def test_blocked_prefill_attention_equals_the_whole(max_bytes):
 
 
 def _llama_tiny_replay():
-    from kernels.replay import DeviceReplay, ReplayOptions
-    from pools.sizing import plan_memory
+    from poolsim.kernels.replay import DeviceReplay, ReplayOptions
+    from poolsim.pools.sizing.plan import plan_memory
     from tests.calibrate.util import server
 
     model, gpu, args = server("llama-3.1-8b", "H100", max_total_tokens=16000, context_length=4096)
@@ -59,7 +59,7 @@ def _llama_tiny_replay():
 
 def test_memory_estimate_by_part():
     """Llama-3.1-8B at --tiny (hidden 64, 4 q / 2 kv heads of 16, MLP 128, vocab 256, fp32 on a CPU), one layer."""
-    from kernels.replay import StepShape
+    from poolsim.kernels.replay import StepShape
 
     replay, plan, args = _llama_tiny_replay()
     shapes = [StepShape("extend", [100, 0], [300, 50], [], 2), StepShape("decode", [], [], [500, 20, 30], 3)]
@@ -80,7 +80,7 @@ def test_memory_estimate_by_part():
 
 
 def test_check_memory_refuses_an_estimate_over_the_available(monkeypatch):
-    from kernels import calibrate as cal
+    from poolsim.kernels import calibrate as cal
 
     est = {"KV pool": 600 << 20, "req_to_token and its mirror": 500 << 20, "stand-in weights": 1 << 20}
     monkeypatch.setattr(cal, "available_bytes", lambda device: 1200 << 20)  # 0.9 x 1200 MiB < 1101 MiB
@@ -98,7 +98,7 @@ def test_check_memory_refuses_an_estimate_over_the_available(monkeypatch):
 
 
 def test_available_bytes_on_cpu_reads_memavailable():
-    from kernels import calibrate as cal
+    from poolsim.kernels import calibrate as cal
 
     with open("/proc/meminfo") as f:
         kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
@@ -109,9 +109,9 @@ def test_calibrate_refuses_before_writing_anything(tmp_path, monkeypatch):
     """Too little memory: one line, exit 2, no output folder; nothing was allocated on the device."""
     from typer.testing import CliRunner
 
-    from cli import app
-    from kernels import calibrate as cal
-    from kernels import replay
+    from poolsim.cli import app
+    from poolsim.kernels import calibrate as cal
+    from poolsim.kernels import replay
 
     monkeypatch.setattr(cal, "available_bytes", lambda device: 10 << 20)
     built = []
@@ -132,10 +132,10 @@ def test_calibrate_refuses_before_writing_anything(tmp_path, monkeypatch):
 def test_standin_prefill_feeds_the_reference_attention_query_blocks(monkeypatch):
     """The stand-in's prefill through the reference op: with a one-block-per-row budget it passes 3 + 2 requests of
     one new token each (prefix growing by one) and its logits equal the unblocked forward's."""
-    import kernels
-    from kernels import standin
-    from kernels.replay import CpuTimer
-    from pools.model_config import ModelConfig
+    from poolsim import kernels
+    from poolsim.kernels import standin
+    from poolsim.kernels.replay import CpuTimer
+    from poolsim.pools.model.config import ModelConfig
     from tests.calibrate.test_standin_fp8 import _forward
 
     model = ModelConfig.load("llama-3.1-8b")
@@ -158,7 +158,7 @@ def test_standin_prefill_feeds_the_reference_attention_query_blocks(monkeypatch)
 
 
 def test_output_dir_takes_back_a_killed_runs_temp_file_and_refuses_foreign_ones(tmp_path):
-    from kernels.calibrate import OutputDir
+    from poolsim.kernels.calibrate import OutputDir
 
     (tmp_path / "calibration.json").write_text("{}")
     (tmp_path / ".calibration.json.tmp").write_text("half")  # what a kill between write and rename leaves

@@ -7,13 +7,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 from tests.calibrate.util import generate_trace
 
 torch = pytest.importorskip("torch")
 
-from kernels.replay import CpuTimer  # noqa: E402
-from kernels.standin import KV_SCALE, Dims, StandInForward, StepInputs, kv_torch_dtype, select_layers  # noqa: E402
+from poolsim.kernels.replay import CpuTimer  # noqa: E402
+from poolsim.kernels.standin import KV_SCALE, Dims, StandInForward, StepInputs, kv_torch_dtype, select_layers  # noqa: E402
 
 runner = CliRunner()
 SMALL = ["--max-total-tokens", "16000", "--context-length", "4096"]
@@ -26,7 +26,8 @@ def test_kv_dtype_names_and_unit_scale():
 
 
 def _forward(model, dims, layer_ids, dtype_name):
-    from pools.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+    from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+    from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
 
     if model.use_mla:
         kv = MLATokenToKVPool(100, 1, dtype_name, dims.kv_lora_rank, dims.qk_rope, 1, device="cpu")
@@ -45,7 +46,7 @@ def test_fp8_pool_holds_the_cast_bytes(model_name):
     """The first layer's K/V (MLA: latent) depend only on the embedding, so the fp8 run and an fp32 run store the
     same values; SGLang's set_kv_buffer casts them to fp8 (x / 1.0) and stores the bytes: the fp8 pool must equal the
     fp32 pool cast to float8_e4m3fn, viewed as uint8, at every written slot, and hold zero everywhere else."""
-    from pools.model_config import ModelConfig
+    from poolsim.pools.model.config import ModelConfig
 
     model = ModelConfig.load(model_name)
     dims = Dims.tiny(model)

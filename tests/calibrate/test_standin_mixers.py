@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.standin import Dims, StandInForward, StepInputs, biased_grouped_topk, expert_groups  # noqa: E402
-from pools.model_config import ModelConfig  # noqa: E402
+from poolsim.kernels.standin import Dims, StandInForward, StepInputs, biased_grouped_topk, expert_groups  # noqa: E402
+from poolsim.pools.model.config import ModelConfig  # noqa: E402
 
 t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 
@@ -82,7 +82,7 @@ def test_lfm2_short_conv_by_hand():
 
 
 def _attn_forward(model, seed=2):
-    from pools.kv_cache import MHATokenToKVPool
+    from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
 
     dims = Dims.tiny(model)
     layer = next(i for i, spec in enumerate(model.layers) if spec.mixer == "attention")

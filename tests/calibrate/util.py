@@ -2,15 +2,15 @@
 
 
 def server(model_name, gpu_name, **flags):
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
 
     return ModelConfig.load(model_name), get_gpu(gpu_name), ServerArgs(**flags)
 
 
 def load(path):
-    from traces import load_trace
+    from poolsim.traces import load_trace
 
     return load_trace(path)
 
@@ -19,7 +19,7 @@ def generate_trace(path, *args):
     """``poolsim trace generate PATH ARGS...`` through the CLI; returns ``path``."""
     from typer.testing import CliRunner
 
-    from cli import app
+    from poolsim.cli import app
 
     res = CliRunner().invoke(app, ["trace", "generate", str(path), *args])
     assert res.exit_code == 0, res.output

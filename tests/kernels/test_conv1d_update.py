@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from kernels.ops.conv1d_update import naive
-from pools import MambaCacheParams, MambaPool, MambaStateShape
+from poolsim.kernels.ops.conv1d_update import naive
+from poolsim.pools import MambaCacheParams, MambaPool, MambaStateShape
 from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 

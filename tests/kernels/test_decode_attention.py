@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.ops.decode_attention import naive
-from pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from poolsim.kernels.ops.decode_attention import naive
+from poolsim.pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from tests.kernels.utils import DEVICE, assert_close, fused, poison_, randn
 
 _POOL_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -142,7 +142,7 @@ def test_decode_attention_bf16_gpu(kind):
 def test_fp32_q_over_a_half_cache_is_cast_to_the_cache_dtype():
     """An fp32 q with an fp16 KV cache (fp16: bf16's role on the CPU interpreter) runs as SGLang's: q cast to the
     cache dtype, o back in q's dtype; it equals the reference on the cast q."""
-    from kernels.ops.decode_attention import naive
+    from poolsim.kernels.ops.decode_attention import naive
 
     torch.manual_seed(3)
     kb = torch.randn(12, 2, 16, device=DEVICE).half()

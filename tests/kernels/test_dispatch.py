@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+from poolsim import kernels
 from tests.kernels.utils import DEVICE, ON_GPU
 
 ROOT = Path(__file__).resolve().parents[2]

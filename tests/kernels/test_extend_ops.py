@@ -4,11 +4,11 @@ decode ops applied one token at a time."""
 import pytest
 import torch
 
-import kernels
-from kernels.ops.conv1d_prefill import naive as conv_naive
-from kernels.ops.conv1d_update.naive import conv1d_update
-from kernels.ops.decode_attention.naive import decode_attention
-from kernels.ops.extend_attention import naive as extend_naive
+from poolsim import kernels
+from poolsim.kernels.ops.conv1d_prefill import naive as conv_naive
+from poolsim.kernels.ops.conv1d_update.naive import conv1d_update
+from poolsim.kernels.ops.decode_attention.naive import decode_attention
+from poolsim.kernels.ops.extend_attention import naive as extend_naive
 from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from kernels.ops.kda_decode import naive
-from pools import MambaCacheParams, MambaPool, MambaStateShape
+from poolsim.kernels.ops.kda_decode import naive
+from poolsim.pools import MambaCacheParams, MambaPool, MambaStateShape
 from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 
@@ -150,7 +150,7 @@ def test_references_match_fla_fused_recurrent(lens):
     pytest.importorskip("fla")
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    from kernels.ops.kda_prefill import naive as prefill_naive
+    from poolsim.kernels.ops.kda_prefill import naive as prefill_naive
 
     H, HV, K, V = 2, 4, 16, 24
     q, k, v, a, b, A_log, dt_bias = _inputs(sum(lens), H, HV, K, V, torch.float32, seed=7)
@@ -177,7 +177,7 @@ def test_references_match_fla_fused_recurrent(lens):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_half_state_pool(dtype):
     """A bf16/fp16 state pool (``--mamba-ssm-dtype``): fp32 math, the state rounded on store, as the reference."""
-    from kernels.ops.kda_decode import naive
+    from poolsim.kernels.ops.kda_decode import naive
 
     torch.manual_seed(5)
     n, h, kd = 3, 2, 16

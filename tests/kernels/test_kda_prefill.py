@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from kernels.ops.kda_decode import naive as decode_naive
-from kernels.ops.kda_prefill import naive
+from poolsim.kernels.ops.kda_decode import naive as decode_naive
+from poolsim.kernels.ops.kda_prefill import naive
 from tests.kernels.utils import DEVICE, assert_close, assert_rows_untouched, fused, poison_, randn
 
 

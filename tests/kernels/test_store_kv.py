@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.ops.store_kv import naive
-from pools import MHATokenToKVPool, MLATokenToKVPool
+from poolsim.kernels.ops.store_kv import naive
+from poolsim.pools import MHATokenToKVPool, MLATokenToKVPool
 from tests.kernels.utils import DEVICE, assert_bit_equal, assert_rows_untouched, fused, poison_
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.ops.write_req_to_token import naive
-from pools import ReqToTokenPool
+from poolsim.kernels.ops.write_req_to_token import naive
+from poolsim.pools import ReqToTokenPool
 from tests.kernels.utils import DEVICE, assert_bit_equal, fused
 
 

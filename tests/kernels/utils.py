@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.testing import assert_close  # noqa: F401  (re-exported for the test modules)
+from poolsim.kernels.testing import assert_close  # noqa: F401  (re-exported for the test modules)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
@@ -16,7 +16,7 @@ def fused(module: str):
     pytest.importorskip("triton")
     import importlib
 
-    return importlib.import_module(f"kernels.ops.{module}.fused")
+    return importlib.import_module(f"poolsim.kernels.ops.{module}.fused")
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

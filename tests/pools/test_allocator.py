@@ -2,7 +2,7 @@
 
 import pytest
 
-from pools import DoubleFreeError, PagedTokenToKVPoolAllocator, PoolError, TokenToKVPoolAllocator
+from poolsim.pools import DoubleFreeError, PagedTokenToKVPoolAllocator, PoolError, TokenToKVPoolAllocator
 from tests.helpers import as_list
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from poolsim.pools import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.conftest import HAS_TORCH
 from tests.helpers import as_list
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from pools.backend import get_backend
+from poolsim.pools.backend import get_backend
 
 
 def _rss_kib() -> int:
@@ -33,7 +33,7 @@ def test_a_freed_array_is_kept_uncopied_only_when_nothing_can_change_it():
     """The free list keeps a freed array itself only when the array owning its memory is read-only (a tree
     node's slots); anything else (a view of a writeable table, a writeable array) is copied, so a caller that
     rewrites its buffer afterwards cannot change the free list."""
-    from pools.free_list import FreeList
+    from poolsim.pools.mem_cache.allocator.free_list import FreeList
 
     xp = get_backend(None)
     node_slots = np.array([7, 8, 9], dtype=np.int64)

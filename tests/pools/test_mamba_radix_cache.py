@@ -2,11 +2,16 @@
 
 import pytest
 
-from pools import HybridReqToTokenPool, MambaCacheParams, MambaStateShape, TokenToKVPoolAllocator
-from pools.allocation import alloc_for_decode, alloc_for_extend, match_prefix_for_req, release_kv_cache
-from pools.errors import PoolError
-from pools.mamba_radix_cache import MambaRadixCache
-from pools.no_cache import DisabledRadixCache
+from poolsim.pools import HybridReqToTokenPool, MambaCacheParams, MambaStateShape, TokenToKVPoolAllocator
+from poolsim.pools.errors import PoolError
+from poolsim.pools.mem_cache.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    match_prefix_for_req,
+    release_kv_cache,
+)
+from poolsim.pools.mem_cache.mamba_radix_cache import MambaRadixCache
+from poolsim.pools.mem_cache.no_cache import DisabledRadixCache
 from tests.helpers import FakeReq, as_list, assert_conserved
 
 PARAMS = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
@@ -161,7 +166,7 @@ def test_extra_buffer_chunk_checkpoint_donates_and_replaces_the_slot():
 
 def test_no_buffer_needs_page_size_one():
     pool = HybridReqToTokenPool(4, 64, 4, PARAMS)
-    from pools import PagedTokenToKVPoolAllocator
+    from poolsim.pools import PagedTokenToKVPoolAllocator
 
     with pytest.raises(PoolError):
         MambaRadixCache(pool, PagedTokenToKVPoolAllocator(64, 4), strategy="no_buffer")
@@ -189,7 +194,7 @@ def test_evict_mamba_skips_locked_states_and_keeps_lru_order_across_locks():
     before D and B."""
     import numpy as np
 
-    from pools.radix_cache import RadixKey
+    from poolsim.pools.mem_cache.radix_cache import RadixKey
 
     tree, pool, alloc = make(64, 4)
     nodes = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pools import (
+from poolsim.pools import (
     DoubleFreeError,
     HybridLinearKVPool,
     HybridReqToTokenPool,
@@ -220,7 +220,7 @@ def test_torch_kv_buffers_have_the_logged_shapes():
 
 
 def test_decode_write_scatters_one_slot_per_request_and_never_spills_into_the_next_row(device):
-    from pools.req_kv import ReqKvInfo
+    from poolsim.pools.mem_cache.req_kv import ReqKvInfo
 
     pool = ReqToTokenPool(3, 8, device=device)
     a, b = ReqKvInfo(), ReqKvInfo()
@@ -243,7 +243,7 @@ def test_decode_writes_land_where_each_request_stands_whether_or_not_the_batch_i
     # write_decode reuses the previous write's positions plus one only when every request was in it at the same
     # index; every other batch (reordered, a request swapped in, one that skipped a step or changed rows) is
     # written from the requests themselves. Positions by hand: row * 16 + kv_committed_len.
-    from pools.req_kv import ReqKvInfo
+    from poolsim.pools.mem_cache.req_kv import ReqKvInfo
 
     pool = ReqToTokenPool(4, 16, device=device)
     a, b, c = ReqKvInfo(), ReqKvInfo(), ReqKvInfo()

@@ -4,16 +4,16 @@ sections 4, 5 and 10 (the arithmetic is in the comments)."""
 import numpy as np
 import pytest
 
-from pools import PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
-from pools.allocation import (
+from poolsim.pools import PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
+from poolsim.pools.errors import OutOfMemoryError
+from poolsim.pools.mem_cache.allocation import (
     alloc_for_decode,
     alloc_for_extend,
     checkpoint_kv_cache,
     match_prefix_for_req,
     release_kv_cache,
 )
-from pools.errors import OutOfMemoryError
-from pools.radix_cache import RadixCache, RadixKey
+from poolsim.pools.mem_cache.radix_cache import RadixCache, RadixKey
 from tests.helpers import FakeReq, as_list, assert_conserved
 
 SYS = list(range(1, 13))  # a 12-token system prompt
@@ -415,10 +415,10 @@ TREE_METHODS = ("reset", "supports_prefix_sharing", "match_prefix", "evict_for_a
 def test_every_tree_implements_the_base_interface():
     """The scheduler calls its tree through BasePrefixCache, whose declarations only raise NotImplementedError:
     every tree poolsim builds must override each of them, and the hybrid trees their own hooks."""
-    from pools.base_prefix_cache import BasePrefixCache
-    from pools.mamba_radix_cache import MambaRadixCache
-    from pools.no_cache import DisabledRadixCache
-    from pools.swa_radix_cache import SWARadixCache
+    from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
+    from poolsim.pools.mem_cache.mamba_radix_cache import MambaRadixCache
+    from poolsim.pools.mem_cache.no_cache import DisabledRadixCache
+    from poolsim.pools.mem_cache.swa_radix_cache import SWARadixCache
 
     def own(cls, name):
         return getattr(cls, name) is not getattr(BasePrefixCache, name)

@@ -8,9 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pools import PagedTokenToKVPoolAllocator, RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
-from pools.allocation import alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
-from pools.errors import OutOfMemoryError
+from poolsim.pools import PagedTokenToKVPoolAllocator, RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
+from poolsim.pools.errors import OutOfMemoryError
+from poolsim.pools.mem_cache.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    checkpoint_kv_cache,
+    match_prefix_for_req,
+    release_kv_cache,
+)
 from tests.helpers import FakeReq, assert_conserved
 
 

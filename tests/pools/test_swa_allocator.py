@@ -7,8 +7,8 @@ Paged: page ids 1..size/page, frees push the sorted unique pages to the front (L
 import numpy as np
 import pytest
 
-from pools.errors import PoolError
-from pools.swa_allocator import SWATokenToKVPoolAllocator
+from poolsim.pools.errors import PoolError
+from poolsim.pools.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
 
 def ids(x):

@@ -7,13 +7,18 @@ free appends), sliding window 4 (one page-aligned window = 4 tokens; the LRU ref
 import numpy as np
 import pytest
 
-from pools import ReqToTokenPool
-from pools.allocation import alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, match_prefix_for_req, \
-    release_kv_cache
-from pools.errors import PoolError
-from pools.radix_cache import RadixKey
-from pools.swa_allocator import SWATokenToKVPoolAllocator
-from pools.swa_radix_cache import SWARadixCache
+from poolsim.pools import ReqToTokenPool
+from poolsim.pools.errors import PoolError
+from poolsim.pools.mem_cache.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    checkpoint_kv_cache,
+    match_prefix_for_req,
+    release_kv_cache,
+)
+from poolsim.pools.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+from poolsim.pools.mem_cache.radix_cache import RadixKey
+from poolsim.pools.mem_cache.swa_radix_cache import SWARadixCache
 from tests.helpers import FakeReq, as_list
 
 
@@ -245,7 +250,7 @@ def test_retract_frees_the_rows_below_the_window_on_the_full_side_only():
 
 
 def test_swa_radix_cache_needs_the_swa_allocator_and_a_window():
-    from pools import TokenToKVPoolAllocator
+    from poolsim.pools import TokenToKVPoolAllocator
 
     with pytest.raises(PoolError, match="SWATokenToKVPoolAllocator"):
         SWARadixCache(ReqToTokenPool(2, 8), TokenToKVPoolAllocator(8), sliding_window_size=4)

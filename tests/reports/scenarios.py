@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pools import MambaCacheParams, MambaStateShape
-from sim.output import write_run
-from sim.scheduler import SchedulerConfig
-from sim.server import MambaConfig, SWAConfig
-from sim.summary import summarize
+from poolsim.app.output import write_run
+from poolsim.pools import MambaCacheParams, MambaStateShape
+from poolsim.reports.summary import summarize
+from poolsim.sim.scheduler import SchedulerConfig
+from poolsim.sim.server import MambaConfig, SWAConfig
 from tests.helpers import TraceReq, run_sim
 
 STEP_S = 0.02  # seconds per forward step (FixedStepTime)

@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
-from sim.summary import summarize
+from poolsim.reports.summary import summarize
+from poolsim.sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 CAPACITY = 200_000  # KV slots per replica
 ROWS = 256  # request rows per replica

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from reports.html import render_comparison, render_report
+from poolsim.reports.html import render_comparison, render_report
 from tests.reports.browser import WIDTH
 from tests.reports.scenarios import write_scenario
 
@@ -48,7 +48,7 @@ def test_report_in_chromium(chromium, tmp_path, scenario, figures):
     found = chromium.check_page(run_dir / "report.html", shot)
     keep(shot)
     assert_seen_as_intended(found, [verdict], figures, shot)
-    # both scenarios' servers fall behind their arrivals (sim/summary.py: cannot keep up)
+    # both scenarios' servers fall behind their arrivals (reports/summary.py: cannot keep up)
     assert "DOES NOT FIT" in found["text"]
     assert f"Run folder {scenario}." in found["text"]  # the final name, not write_run's temporary one
 
@@ -80,7 +80,7 @@ def test_bundled_trace_report_from_the_cli_in_chromium(chromium, tmp_path):
     shows every figure (the hybrid one included), the verdict, and no errors."""
     from typer.testing import CliRunner
 
-    from cli import app
+    from poolsim.cli import app
 
     out = tmp_path / "poolsim-report"
     result = CliRunner().invoke(app, ["run", "--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--out", str(out),

@@ -2,7 +2,7 @@
 
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 
 runner = CliRunner()
 

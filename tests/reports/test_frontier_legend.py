@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from reports import plots
+from poolsim.reports import plots
 
 
 def _labels(fig):

@@ -11,8 +11,8 @@ import shutil
 import pytest
 from PIL import Image
 
-from reports import tables
-from reports.html import ReportError, render_comparison, render_report
+from poolsim.reports import tables
+from poolsim.reports.html import ReportError, render_comparison, render_report
 from tests.reports.scenarios import write_scenario
 
 SINGLE_RUN_FIGURES = {"memory_timeline", "queue", "prefix_cache", "latency", "fragmentation"}

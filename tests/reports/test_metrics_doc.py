@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from reports import definitions
-from reports.tables import flatten
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+from poolsim.reports import definitions
+from poolsim.reports.tables import flatten
+from poolsim.sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 REQUEST_DERIVED = ("ttft_s", "e2e_s", "itl_s")
 

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 
-from reports import plots
-from sim.output import read_run
+from poolsim.app.output import read_run
+from poolsim.reports import plots
 from tests.reports.synthetic import CAPACITY, big_run
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from reports import units
+from poolsim.reports import units
 
 
 @pytest.mark.parametrize("value, text", [
@@ -60,6 +60,6 @@ def test_by_unit(value, unit, text):
 
 def test_run_values_named_in_gib_carry_the_unit():
     """The memory plan's GiB figures all read as GiB, weights_gib_per_rank included (it printed a bare 91.6)."""
-    from reports.tables import run_value
+    from poolsim.reports.tables import run_value
     assert run_value("memory_plan.weights_gib_per_rank", 91.56) == "91.6 GiB"
     assert run_value("memory_plan.rest_gib", 34.68) == "34.7 GiB"

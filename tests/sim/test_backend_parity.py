@@ -4,9 +4,9 @@ request tables must be identical, byte for byte, with every pool checked after e
 import numpy as np
 import pytest
 
-from pools import MambaCacheParams, MambaStateShape
-from sim.scheduler import SchedulerConfig
-from sim.server import MambaConfig
+from poolsim.pools import MambaCacheParams, MambaStateShape
+from poolsim.sim.scheduler import SchedulerConfig
+from poolsim.sim.server import MambaConfig
 from tests.helpers import TraceReq, run_sim
 
 pytest.importorskip("torch")

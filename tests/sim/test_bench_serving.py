@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.bench_serving import BenchConfig, calculate_metrics, format_result, run_bench
-from sim.engine import Barrier
-from sim.run import simulate
-from traces.request import Request
+from poolsim.app.bench_serving import BenchConfig, calculate_metrics, format_result, run_bench
+from poolsim.app.run import simulate
+from poolsim.cli import app
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.sim.engine import Barrier
+from poolsim.traces.request import Request
 
 PLAIN = ServerArgs(disable_overlap_schedule=True)
 

@@ -6,10 +6,10 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from cli import SERVER_OPTIONS, app
-from pools.gpu_catalog import GPU_CATALOG
-from pools.model_config import ModelConfig
-from traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
+from poolsim.cli import SERVER_OPTIONS, app
+from poolsim.pools.hardware.gpu_catalog import GPU_CATALOG
+from poolsim.pools.model.config import ModelConfig
+from poolsim.traces import DEFAULT_TRACE, load_trace, slice_trace, write_trace
 
 runner = CliRunner()
 SERVER = ["--model", "llama-3.1-8b", "--gpu", "H100"]

@@ -2,7 +2,7 @@
 
 import typer.main
 
-from cli import app
+from poolsim.cli import app
 
 
 def _commands(cmd, path=()):

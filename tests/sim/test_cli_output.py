@@ -5,10 +5,9 @@ import os
 
 from typer.testing import CliRunner
 
-import cli
-from cli import app
-from traces import load_trace
-
+from poolsim import cli
+from poolsim.cli import app
+from poolsim.traces import load_trace
 from tests.helpers import small_trace
 
 runner = CliRunner()

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-import pools._pure_python as pure
-import sim.scheduler  # noqa: F401  (a compiled module, loaded here so compiled_modules() can see it)
+import poolsim.compiled as pure
+import poolsim.sim.scheduler  # noqa: F401  (a compiled module, loaded here so compiled_modules() can see it)
 
 ROOT = Path(__file__).parents[2]
 MANIFEST = ROOT / "pools" / pure.MANIFEST
 
 
 def _compiled_here() -> bool:
-    return "sim.scheduler" in pure.compiled_modules()
+    return "poolsim.sim.scheduler" in pure.compiled_modules()
 
 
 def test_a_compiled_build_runs_its_extensions_unless_a_source_changed():
@@ -40,7 +40,7 @@ def test_the_pure_python_fallback_gives_the_reference_outputs():
     script = (
         "import sys, pytest\n"
         "rc = pytest.main(['-p', 'no:cacheprovider', 'tests/sim/test_reference_equivalence.py'])\n"
-        "import pools._pure_python as p\n"
+        "import poolsim.compiled as p\n"
         "print('COMPILED', p.compiled_modules())\n"
         "sys.exit(rc)\n")
     env = {**os.environ, "POOLSIM_PURE_PYTHON": "1"}
@@ -78,17 +78,17 @@ def test_a_stale_build_or_the_switch_puts_the_sources_first(monkeypatch, capsys)
     monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: [])
     pure.install_if_asked()
     assert not any(isinstance(f, pure._SourcesFirst) for f in sys.meta_path)
-    monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: ["pools/radix_cache.py", "sim/req.py"])
+    monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: ["pools/mem_cache/radix_cache.py", "sim/req.py"])
     pure.install_if_asked()
     assert isinstance(sys.meta_path[0], pure._SourcesFirst)
-    assert "pools/radix_cache.py differs from its compiled build (and 1 more)" in capsys.readouterr().err
-    assert pure._why_sources == "pools/radix_cache.py changed since the compiled build"  # what `poolsim version` says
+    assert "pools/mem_cache/radix_cache.py differs from its compiled build (and 1 more)" in capsys.readouterr().err
+    assert pure._why_sources == "pools/mem_cache/radix_cache.py changed since the compiled build"  # what `poolsim version` says
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, pure._SourcesFirst)])
     monkeypatch.setattr(pure, "stale_sources", lambda manifest, root: [])
     monkeypatch.setenv("POOLSIM_PURE_PYTHON", "1")
     pure.install_if_asked()
     assert isinstance(sys.meta_path[0], pure._SourcesFirst) and pure._why_sources == "POOLSIM_PURE_PYTHON=1"
-    spec = sys.meta_path[0].find_spec("sim.req", [str(ROOT / "sim")])
+    spec = sys.meta_path[0].find_spec("poolsim.sim.req", [str(ROOT / "sim")])
     assert spec.origin == str(ROOT / "sim" / "req.py")
     assert sys.meta_path[0].find_spec("numpy.linalg", None) is None  # other packages: the standard finders
 
@@ -102,9 +102,9 @@ def test_setup_removes_only_the_files_a_build_of_its_own_recorded(tmp_path):
     tree = tmp_path / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.so", MANIFEST.name, "*.egg-info")
     tree.mkdir()
-    for name in ("setup.py", "pyproject.toml", "README.md", "mypyc.ini", "cli.py"):
+    for name in ("setup.py", "pyproject.toml", "README.md", "mypyc.ini", "__init__.py", "cli.py", "compiled.py"):
         shutil.copy(ROOT / name, tree / name)
-    for package in ("pools", "sim", "traces", "reports", "kernels"):
+    for package in ("pools", "sim", "traces", "reports", "kernels", "app"):
         shutil.copytree(ROOT / package, tree / package, ignore=skip)
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     ours, strangers = tree / "pools" / f"allocator{suffix}", tree / "pools" / f"radix_cache{suffix}"

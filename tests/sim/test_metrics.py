@@ -4,7 +4,7 @@ step table byte-identical to writing the whole frame."""
 import pandas as pd
 import pytest
 
-from sim.metrics import STEP_COLUMNS, Recorder, Table
+from poolsim.sim.metrics import STEP_COLUMNS, Recorder, Table
 
 COLUMNS = ("i", "f", "maybe_int", "kind", "flag", "maybe_flag", "none_late")
 
@@ -55,11 +55,11 @@ def test_streamed_parquet_reads_back_as_the_frame(tmp_path):
 
 
 def test_a_simulation_streams_its_step_table(tmp_path):
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from traces import DEFAULT_TRACE, load_trace
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.traces import DEFAULT_TRACE, load_trace
 
     args = (load_trace(DEFAULT_TRACE), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
     plain = simulate(*args)
@@ -82,13 +82,13 @@ def test_a_streamed_step_table_is_not_rewritten_and_a_run_keeps_only_the_summary
     that keeps only the summary's step columns gives the same summary, number for number."""
     import json
 
-    import sim.metrics
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from sim.summary import SUMMARY_STEP_COLUMNS
-    from traces import DEFAULT_TRACE, load_trace
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.reports.summary import SUMMARY_STEP_COLUMNS
+    from poolsim.sim import metrics
+    from poolsim.traces import DEFAULT_TRACE, load_trace
 
     args = (load_trace(DEFAULT_TRACE), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
     plain = simulate(*args)
@@ -96,7 +96,7 @@ def test_a_streamed_step_table_is_not_rewritten_and_a_run_keeps_only_the_summary
     def no_rewrite(*a, **k):
         raise AssertionError("the streamed step table was rewritten whole")
 
-    monkeypatch.setattr(sim.metrics, "write_table", no_rewrite)
+    monkeypatch.setattr(metrics, "write_table", no_rewrite)
     lean = simulate(*args, stream_dir=tmp_path, chunk_rows=100, keep_steps=False)
     assert (tmp_path / "steps.csv").read_text() == plain.steps.to_csv(index=False)
     assert list(lean.steps.columns) == [c for c in STEP_COLUMNS if c in SUMMARY_STEP_COLUMNS]

@@ -1,12 +1,21 @@
-"""Output folders and files: poolsim never deletes or overwrites what it did not write (sim/output.py)."""
+"""Output folders and files: poolsim never deletes or overwrites what it did not write (app/output.py)."""
 
 import os
 
 import pandas as pd
 import pytest
 
-from sim.output import (MARKER, OutputError, OutputLock, check_out_dir, check_out_file, publish_dir, read_run,
-                        write_file, write_run)
+from poolsim.app.output import (
+    MARKER,
+    OutputError,
+    OutputLock,
+    check_out_dir,
+    check_out_file,
+    publish_dir,
+    read_run,
+    write_file,
+    write_run,
+)
 
 STEPS = pd.DataFrame({"step": [0, 1]})
 REQUESTS = pd.DataFrame({"rid": [0]})

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from sim.output import OutputError, check_out_dir
+from poolsim.app.output import OutputError, check_out_dir
+from poolsim.cli import app
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 

@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-import cli
+from poolsim import cli
 
 
 def _render(bar) -> str:

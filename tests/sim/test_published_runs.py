@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from traces.bench_serving import random_lens
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.traces.bench_serving import random_lens
 
 DATA = Path(__file__).resolve().parents[2] / "bench" / "data" / "published_runs.csv"
 METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
@@ -86,7 +86,7 @@ def test_the_steady_state_ttft_waits_for_the_recv_interval():
     ta = _time_accuracy()
     from dataclasses import replace
 
-    from sim.step_time import AnalyticStepTime, Coefficients
+    from poolsim.sim.step_time import AnalyticStepTime, Coefficients
     cases = {c.id: c for c in ta.load_cases()[0]}
     k = Coefficients()
     case = cases["dsr1-b200-tp8-r1k1k-c16-ix0512"]

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import sim.run
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.run import simulate
-from sim.state_digest import pool_state_digest
-from traces import DEFAULT_TRACE, LogNormal, chat_spec, generate, load_trace, scale_trace, slice_trace
+from poolsim.app import run as app_run
+from poolsim.app.run import simulate
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.sim.state_digest import pool_state_digest
+from poolsim.traces import DEFAULT_TRACE, LogNormal, chat_spec, generate, load_trace, scale_trace, slice_trace
 
 GOLDEN = Path(__file__).parent / "golden" / "reference_equivalence.json"
 MOONCAKE = Path(__file__).parents[1] / "traces" / "data" / "mooncake_conversation_head400.jsonl"
@@ -74,13 +74,13 @@ def _sha(text: str) -> str:
 def run_case(name: str, monkeypatch, check: bool = False) -> dict:
     (model, gpu), args, make_trace, step_time = CASES[name]
     servers = []
-    build = sim.run.build_server
+    build = app_run.build_server
 
     def capture(*a, **kw):
         servers.append(build(*a, **kw))
         return servers[-1]
 
-    monkeypatch.setattr(sim.run, "build_server", capture)
+    monkeypatch.setattr(app_run, "build_server", capture)
     trace = make_trace()
     router = "cache_aware" if args.dp_size > 1 else "round_robin"
     r = simulate(trace, ModelConfig.load(model), get_gpu(gpu), args, step_time=step_time, router=router,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.run import simulate
-from traces import DEFAULT_TRACE, load_trace, scale_trace, slice_trace
+from poolsim.app.run import simulate
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.traces import DEFAULT_TRACE, load_trace, scale_trace, slice_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = {

@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 from tests import helpers
 
 runner = CliRunner()
@@ -134,7 +134,7 @@ def test_compare_table_gives_each_server_its_own_capacities_and_aligns_rows_by_n
 def test_cli_latencies_read_as_the_report_prints_them():
     """The terminal summary and report.html show a latency the same way (three significant digits): an 8.49 ms
     inter-token latency was '8 ms' on the terminal and '8.49 ms' in the report."""
-    from cli import _summary_rows
+    from poolsim.cli import _summary_rows
     lat = {"p50": 0.00849, "p90": 0.131, "p99": 5.5003, "mean": 0.1}
     summary = {"finished": 3, "aborted": 0, "retractions": 0, "retracted_requests": 0, "duration_s": 1.0,
                "steps": 4, "throughput_req_s": 3.0, "output_tok_s": 1.0, "input_tok_s": 1.0, "ttft_s": lat,

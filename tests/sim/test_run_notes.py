@@ -4,8 +4,8 @@ import json
 
 from typer.testing import CliRunner
 
-from cli import app
-from pools.model_config import ModelConfig
+from poolsim.cli import app
+from poolsim.pools.model.config import ModelConfig
 
 
 def test_run_prints_the_plain_decoder_assumption(tmp_path):

@@ -7,15 +7,14 @@ import sys
 import pandas as pd
 from typer.testing import CliRunner
 
-import sim.run
-from cli import app
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from sim.metrics import Recorder
-from sim.output import MARKER, read_run
-from traces import load_trace
-
+from poolsim.app import run as app_run
+from poolsim.app.output import MARKER, read_run
+from poolsim.cli import app
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.sim.metrics import Recorder
+from poolsim.traces import load_trace
 from tests.helpers import small_trace
 
 runner = CliRunner()
@@ -24,7 +23,7 @@ SERVER = ["--model", "llama-3.1-8b", "--gpu", "H100"]
 
 def small_chunks(monkeypatch, rows=7):
     """Many chunks on a short run, so the streamed file is written in pieces."""
-    monkeypatch.setattr(sim.run, "Recorder", lambda d, fmt, _: Recorder(d, fmt, rows))
+    monkeypatch.setattr(app_run, "Recorder", lambda d, fmt, _: Recorder(d, fmt, rows))
 
 
 def listed(folder):
@@ -33,7 +32,7 @@ def listed(folder):
 
 def test_streamed_csv_tables_are_byte_identical_to_the_whole_frames(tmp_path, monkeypatch):
     trace, out = small_trace(tmp_path), tmp_path / "out"
-    whole = sim.run.simulate(load_trace(trace), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
+    whole = app_run.simulate(load_trace(trace), ModelConfig.load("llama-3.1-8b"), get_gpu("H100"), ServerArgs())
     small_chunks(monkeypatch)
     res = runner.invoke(app, ["run", str(trace), *SERVER, "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
@@ -69,7 +68,7 @@ def test_parquet_without_pyarrow_is_one_line_before_simulating(tmp_path, monkeyp
     trace, out = small_trace(tmp_path), tmp_path / "out"
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    monkeypatch.setattr(sim.run, "simulate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("simulated")))
+    monkeypatch.setattr(app_run, "simulate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("simulated")))
     res = runner.invoke(app, ["run", str(trace), *SERVER, "--out", str(out), "--table-format", "parquet"])
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 2 and len(lines) == 1, res.output
@@ -99,7 +98,7 @@ def test_a_failed_run_leaves_nothing_in_the_folder_it_was_streaming_into(tmp_pat
         (stream_dir / "steps.csv").write_text("step\n")
         raise ValueError("boom")
 
-    monkeypatch.setattr(sim.run, "simulate", fail)
+    monkeypatch.setattr(app_run, "simulate", fail)
     res = runner.invoke(app, ["run", str(trace), *SERVER, "--out", str(out)])
     assert res.exit_code == 2 and "boom" in res.output
     assert sorted(os.listdir(tmp_path)) == ["small.jsonl"]

@@ -1,9 +1,9 @@
 """Waiting-queue order (SGLANG_SPEC.md 0.1 and schedule_policy.py): fcfs keeps arrival order, lpm sorts by
 cached prefix, defers a request whose prefix another waiting request brings, and falls back to fcfs past 128."""
 
-from pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
-from sim.req import Req
-from sim.schedule_policy import SchedulePolicy
+from poolsim.pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
+from poolsim.sim.req import Req
+from poolsim.sim.schedule_policy import SchedulePolicy
 from tests.helpers import TraceReq
 
 
@@ -62,7 +62,7 @@ def test_fcfs_keeps_order_and_refreshes_waiting_prefixes_every_32nd_pass():
 
 
 def test_disabled_cache_turns_lpm_into_fcfs():
-    from pools import DisabledRadixCache
+    from poolsim.pools import DisabledRadixCache
 
     pool, alloc = ReqToTokenPool(4, 64), TokenToKVPoolAllocator(64)
     assert SchedulePolicy("lpm", DisabledRadixCache(pool, alloc)).policy == "fcfs"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.scheduler import SchedulerConfig
+from poolsim.sim.scheduler import SchedulerConfig
 from tests.helpers import TraceReq, run_sim
 
 STEP = 0.01  # seconds per forward step (FixedStepTime)
@@ -179,7 +179,7 @@ def test_ignore_eos_insertion_follows_sglangs_loop():
     on the last index when none is larger, so the largest goes before the last entry, not after it."""
     from types import SimpleNamespace
 
-    from sim.prefill_adder import PrefillAdder
+    from poolsim.sim.prefill_adder import PrefillAdder
 
     adder = PrefillAdder.__new__(PrefillAdder)
     adder.new_token_ratio = 0.5
@@ -239,8 +239,8 @@ def test_extra_buffer_decode_checkpoint_counts_when_its_result_lands():
     plus one token) matches 127 tokens, splitting the second node at 127, where there is no state: it
     reuses 64 tokens. Recording the decode's checkpoint at allocation instead gave 128 locked tokens and a
     single stateful node at 128, so B reused nothing."""
-    from pools import MambaCacheParams, MambaStateShape
-    from sim.server import MambaConfig
+    from poolsim.pools import MambaCacheParams, MambaStateShape
+    from poolsim.sim.server import MambaConfig
 
     params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
     mamba = MambaConfig(max_mamba_cache_size=8, cache_params=params, strategy="extra_buffer",
@@ -274,10 +274,10 @@ def test_what_the_step_time_model_and_the_replay_read_of_decode_rows():
     extend rows first and stays the running batch. Step 4 decodes B alone: 7.
     The batch carries the count and the sum (what the model reads); the replay reads the lengths off the
     rows at launch (kernels.replay.launch_seq_lens) and must see the same ones."""
-    from kernels.replay import StepShape, launch_seq_lens
-    from sim.engine import Simulation
-    from sim.metrics import Recorder
-    from sim.server import build_server
+    from poolsim.kernels.replay import StepShape, launch_seq_lens
+    from poolsim.sim.engine import Simulation
+    from poolsim.sim.metrics import Recorder
+    from poolsim.sim.server import build_server
 
     seen, launched = [], []
 

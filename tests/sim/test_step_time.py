@@ -5,13 +5,20 @@ from dataclasses import replace
 
 import pytest
 
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from pools.sizing import plan_memory
-from sim.schedule_batch import ScheduleBatch
-from sim.step_time import (FIT_BOUNDS, MEASURED_ERROR, AnalyticStepTime, Coefficients, FixedStepTime, ModelCost,
-                            calibration_source)
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import plan_memory
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.sim.schedule_batch import ScheduleBatch
+from poolsim.sim.step_time import (
+    FIT_BOUNDS,
+    MEASURED_ERROR,
+    AnalyticStepTime,
+    Coefficients,
+    FixedStepTime,
+    ModelCost,
+    calibration_source,
+)
 
 
 def cost(name="llama-3.1-8b", gpu="H100", args=None, **flags):
@@ -269,7 +276,7 @@ def test_triton_decode_attention_costs_the_mean_sequence_length_per_full_attenti
 
 
 def test_prior_only_note_names_an_architecture_whose_terms_were_not_fitted():
-    from sim.step_time import DEFAULTS, PRIORS, prior_only_note
+    from poolsim.sim.step_time import DEFAULTS, PRIORS, prior_only_note
     sm90 = [n for n in DEFAULTS if n.endswith("_sm90")]
     assert sm90 and all(DEFAULTS[n] == PRIORS[n] for n in sm90)  # no fitted published run on H100/H200
     assert prior_only_note("sm90") == ("; the sm90 terms are priors: no published run on sm90 was fitted "

@@ -3,10 +3,10 @@ with conservation of both pools checked at every step (run_sim's check)."""
 
 import pytest
 
-from sim.scheduler import SchedulerConfig
-from sim.server import SWAConfig, build_server
-from sim.summary import summarize
-from sim.swa_prefill_adder import estimate_swa_kv_tokens
+from poolsim.reports.summary import summarize
+from poolsim.sim.scheduler import SchedulerConfig
+from poolsim.sim.server import SWAConfig, build_server
+from poolsim.sim.swa_prefill_adder import estimate_swa_kv_tokens
 from tests.helpers import TraceReq, run_sim
 
 

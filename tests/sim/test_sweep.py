@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from sim.sweep import cheapest_meeting, expand, label, parse_grid
+from poolsim.app.sweep import cheapest_meeting, expand, label, parse_grid
+from poolsim.cli import app
 
 
 def test_grid_is_typed_by_server_flags():
@@ -58,8 +58,8 @@ SMALL_GRID = (["tp=1,3", "page_size=1,16"], {"model": "llama-3.1-8b", "gpu": "H1
 
 
 def _small_sweep(grid=SMALL_GRID[0], **kw):
-    from sim.sweep import run_sweep
-    from traces import DEFAULT_TRACE
+    from poolsim.app.sweep import run_sweep
+    from poolsim.traces import DEFAULT_TRACE
 
     calls = []
     table = run_sweep(str(DEFAULT_TRACE), SMALL_GRID[1], parse_grid(grid), {"H100": 2.5},

@@ -2,7 +2,7 @@
 
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 
 
 def test_sweep_refuses_a_bad_trace_before_simulating(tmp_path):

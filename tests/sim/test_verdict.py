@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.scheduler import SchedulerConfig
-from sim.summary import summarize
+from poolsim.reports.summary import summarize
+from poolsim.sim.scheduler import SchedulerConfig
 from tests.helpers import TraceReq, run_sim
 
 STEP = 0.125
@@ -103,11 +103,11 @@ def test_retractions_are_named_with_when_and_why():
 def test_llama_70b_tp8_on_the_mooncake_trace_does_not_fit():
     """The issue's example (first 300 s of the trace, ~2 s CPU): the KV pool sits at 100% and the queue grows;
     the old verdict said FITS. The thresholds are far from the measured values (wait share 78% vs 50%)."""
-    from pools.gpu_catalog import get_gpu
-    from pools.model_config import ModelConfig
-    from pools.server_args import ServerArgs
-    from sim.run import simulate
-    from traces import load_trace, slice_trace
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+    from poolsim.traces import load_trace, slice_trace
 
     path = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
     if not path.exists():
@@ -121,7 +121,7 @@ def test_llama_70b_tp8_on_the_mooncake_trace_does_not_fit():
 
 
 def test_verdict_counts_have_thousands_separators():
-    from sim.summary import verdict
+    from poolsim.reports.summary import verdict
 
     s = {"verdict_status": "does_not_fit", "verdict_failures": "aborts cannot_keep_up", "aborted": 1200,
          "requests": 12031, "abort_causes": {"input_too_long": 1200}, "queue_wait_s": {"p50": 2803.9},
@@ -140,8 +140,8 @@ def test_evictions_for_mamba_state_slots_name_that_pool():
     a slot for its row: evict_mamba frees the least recently used state, the internal node's (no KV freed);
     its prefill checkpoint forks one more: the leaf [4, 5) goes, with its 1 KV token. The KV pool never runs
     short, so the verdict blames the state slots, not KV."""
-    from pools import MambaCacheParams, MambaStateShape
-    from sim.server import MambaConfig
+    from poolsim.pools import MambaCacheParams, MambaStateShape
+    from poolsim.sim.server import MambaConfig
 
     params = MambaCacheParams(shape=MambaStateShape.kimi_linear(tp=1, num_heads=2, head_dim=4), layers=[0, 1])
     mamba = MambaConfig(max_mamba_cache_size=2, cache_params=params, strategy="no_buffer")
@@ -168,7 +168,7 @@ def test_evictions_for_mamba_state_slots_name_that_pool():
 ])
 def test_the_eviction_sentence_splits_by_pool(mamba, swa, sentence):
     """Both parts when both pools evicted; a step table without mamba_evicted_tokens (older runs) names none."""
-    from sim.summary import _eviction_story
+    from poolsim.reports.summary import _eviction_story
 
     pools = {"kv": {}, **({"swa": {}} if swa else {})}
     summary = {"evicted_tokens": 6000, "first_eviction_s": 2.0, "mamba_evicted_tokens": mamba,

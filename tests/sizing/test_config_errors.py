@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from pools.model_config import ModelConfig
+from poolsim.cli import app
+from poolsim.pools.model.config import ModelConfig
 
 runner = CliRunner()
 

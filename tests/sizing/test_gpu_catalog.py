@@ -2,7 +2,7 @@
 
 import pytest
 
-from pools.gpu_catalog import GPU_CATALOG, GPUSpec, get_gpu
+from poolsim.pools.hardware.gpu_catalog import GPU_CATALOG, GPUSpec, get_gpu
 
 
 def test_catalog_covers_the_issue_gpus_with_datasheet_figures():

@@ -1,6 +1,6 @@
 """ModelConfig: what SGLang parses from the real config.json files, and weights counted from the shapes.
 
-Every expected number is worked out by hand from the config files in pools/model_catalog/.
+Every expected number is worked out by hand from the config files in pools/model/catalog/.
 """
 
 import hashlib
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pools.model_config import CATALOG_DIR, ModelConfig
+from poolsim.pools.model.config import CATALOG_DIR, ModelConfig
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "hf_configs"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from pools.sizing import plan_memory
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import plan_memory
+from poolsim.pools.sizing.server_args import ServerArgs
 
 H100, B200 = get_gpu("h100"), get_gpu("b200")
 GRANITE = Path(__file__).with_name("data") / "granite-4.0-h-tiny.test.json"

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from poolsim.cli import app
 
 runner = CliRunner()
 

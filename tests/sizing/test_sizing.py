@@ -7,10 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from pools.gpu_catalog import GPUSpec, get_gpu
-from pools.model_config import ModelConfig
-from pools.server_args import ServerArgs
-from pools.sizing import (
+from poolsim.pools.hardware.gpu_catalog import GPUSpec, get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import (
     SizingError,
     bytes_per_request,
     crossover_context_len,
@@ -23,6 +22,7 @@ from pools.sizing import (
     resolve_max_num_reqs,
     split_mamba_budget,
 )
+from poolsim.pools.sizing.server_args import ServerArgs
 
 GIB = 2**30
 H100, H200, B200, L4 = get_gpu("h100"), get_gpu("h200"), get_gpu("b200"), get_gpu("l4")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from pools.gpu_catalog import get_gpu
-from pools.model_config import ModelConfig
-from pools.pool_configurator import pool_configurator
-from pools.server_args import ServerArgs
-from pools.sizing import SizingError, bytes_per_request, max_concurrency, plan_memory
+from poolsim.cli import app
+from poolsim.pools.hardware.gpu_catalog import get_gpu
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import SizingError, bytes_per_request, max_concurrency, plan_memory
+from poolsim.pools.sizing.pool_configurator import pool_configurator
+from poolsim.pools.sizing.server_args import ServerArgs
 
 GIB = 2**30
 H100, H200, B200 = get_gpu("h100"), get_gpu("h200"), get_gpu("b200")

@@ -5,8 +5,8 @@ from datetime import datetime
 
 import pytest
 
+from poolsim.traces import TraceFormatError, load_trace
 from tests.traces.conftest import AZURE_HEAD, shared_file
-from traces import TraceFormatError, load_trace
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 SNIPPET = HEADER + """2023-11-16 18:15:46.6805900,374,44

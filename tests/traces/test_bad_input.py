@@ -3,9 +3,9 @@
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from traces import TraceFormatError, load_trace
-from traces.lines import HEAD_BYTES
+from poolsim.cli import app
+from poolsim.traces import TraceFormatError, load_trace
+from poolsim.traces.lines import HEAD_BYTES
 
 runner = CliRunner()
 MOONCAKE = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'

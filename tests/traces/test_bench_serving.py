@@ -14,9 +14,9 @@ import random
 import numpy as np
 import pytest
 
-from traces.bench_serving import bench_requests, random_lens, warmup_requests
-from traces.errors import TraceFormatError
-from traces.sharegpt import message_segment
+from poolsim.traces.bench_serving import bench_requests, random_lens, warmup_requests
+from poolsim.traces.errors import TraceFormatError
+from poolsim.traces.sharegpt import message_segment
 
 
 def words(seed, n):

@@ -4,10 +4,10 @@ import json
 
 from typer.testing import CliRunner
 
-import cli
+from poolsim import cli
+from poolsim.traces import inspect_trace, load_trace
 from tests.traces.conftest import MOONCAKE_HEAD
 from tests.traces.test_mooncake import SNIPPET
-from traces import inspect_trace, load_trace
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces import FORMATS, TraceFormatError, inspect_trace, load_trace
+from poolsim.traces import FORMATS, TraceFormatError, inspect_trace, load_trace
 
 # FUZZ_EXAMPLES=1500 runs a deeper search (done once for these loaders: no failure)
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 25)), deadline=None,

@@ -8,12 +8,25 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import cli
-from tests.traces.conftest import REPO
-from traces import (
-    DEFAULT_TRACE, DiurnalRate, Empirical, Fixed, LogNormal, StepRate, Uniform, WorkloadSpec, agent_spec,
-    arrival_times, chat_spec, generate, load_trace, parse_length, parse_rate,
+from poolsim import cli
+from poolsim.traces import (
+    DEFAULT_TRACE,
+    DiurnalRate,
+    Empirical,
+    Fixed,
+    LogNormal,
+    StepRate,
+    Uniform,
+    WorkloadSpec,
+    agent_spec,
+    arrival_times,
+    chat_spec,
+    generate,
+    load_trace,
+    parse_length,
+    parse_rate,
 )
+from tests.traces.conftest import REPO
 
 
 def rng(seed=0):

@@ -5,12 +5,21 @@ import json
 import numpy as np
 import pytest
 
+from poolsim.traces import (
+    Request,
+    Trace,
+    chat_spec,
+    generate,
+    inspect_trace,
+    load_trace,
+    mean_rate,
+    shared_prefix_lengths,
+)
+from poolsim.traces.inspect import shared_blocks
 from tests.traces.conftest import AZURE_HEAD, MOONCAKE_HEAD, shared_file
 from tests.traces.test_mooncake import SNIPPET
 from tests.traces.test_sharegpt import A, B
 from tests.traces.test_tokens_poolsim import TOKENS
-from traces import Request, Trace, chat_spec, generate, inspect_trace, load_trace, mean_rate, shared_prefix_lengths
-from traces.inspect import shared_blocks
 
 
 def naive_shared(trace):

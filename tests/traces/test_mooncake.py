@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from poolsim.traces import TraceFormatError, load_trace
+from poolsim.traces import load as trace_load
 from tests.traces.conftest import MOONCAKE_HEAD, shared_file
-import traces.load
-from traces import TraceFormatError, load_trace
 
 # ts (ms), input, output, hash_ids; 512-token blocks, the last partial
 SNIPPET = "\n".join(json.dumps(d) for d in [
@@ -132,7 +132,7 @@ def _blocks_file(write):
 
 
 def test_a_file_over_the_keep_budget_streams(write, monkeypatch):
-    monkeypatch.setattr(traces.load, "KEEP_BYTES", 1_000_000)  # the 2,000 requests need ~8 MB
+    monkeypatch.setattr(trace_load, "KEEP_BYTES", 1_000_000)  # the 2,000 requests need ~8 MB
     path = _blocks_file(write)
     tracemalloc.start()
     try:

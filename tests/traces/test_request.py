@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from traces import Request, RequestError, fold_segment_id, segment_tokens
+from poolsim.traces import Request, RequestError, fold_segment_id, segment_tokens
 
 MIB = 1 << 20  # 1,048,576: tokens per segment
 

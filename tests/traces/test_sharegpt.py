@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from traces import TraceFormatError, load_trace
-from traces.sharegpt import estimate_tokens, message_segment
+from poolsim.traces import TraceFormatError, load_trace
+from poolsim.traces.sharegpt import estimate_tokens, message_segment
 
 A = {"id": "a", "conversations": [
     {"from": "system", "value": "You are helpful."},  # 16 bytes: 4 tokens

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from poolsim.traces import load_trace, mean_rate, scale_trace, slice_trace
 from tests.traces.conftest import MOONCAKE_HEAD
 from tests.traces.test_mooncake import SNIPPET
-from traces import load_trace, mean_rate, scale_trace, slice_trace
 
 
 def test_slice_window_rebases_and_renumbers(write):

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from poolsim.traces import TraceFormatError, chat_spec, generate, load_trace, write_trace
 from tests.traces.conftest import AZURE_HEAD, MOONCAKE_HEAD
-from traces import TraceFormatError, chat_spec, generate, load_trace, write_trace
 
 TOKENS = """{"arrival_s": 0, "token_ids": [1, 2, 3, 4], "output_len": 2, "max_new_tokens": 8}
 {"arrival_s": 1.5, "token_ids": [1, 2, 9], "output_len": 1, "namespace": "x", "session_id": "s", "turn": 3}
@@ -65,7 +65,7 @@ def test_roundtrip_of_every_format(tmp_path, write):
 
 def test_poolsim_line_written_out():
     (r,) = list(load_trace(MOONCAKE_HEAD))[:1]
-    from traces.poolsim_format import to_json
+    from poolsim.traces.poolsim_format import to_json
 
     assert json.loads(to_json(r)) == {
         "rid": 0, "arrival_s": 0.0, "input_len": 6758, "output_len": 500, "max_new_tokens": None,

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import capturing, check, next_pow2
-from kernels.ops.conv1d_prefill.naive import check_args
+from poolsim.kernels._common import capturing, check, next_pow2
+from poolsim.kernels.ops.conv1d_prefill.naive import check_args
 
 
 @triton.jit

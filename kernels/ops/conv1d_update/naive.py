@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._common import check
-from kernels.ops.kda_decode.naive import check_slots
+from poolsim.kernels._common import check
+from poolsim.kernels.ops.kda_decode.naive import check_slots
 
 
 def check_args(x, conv_state, weight, bias, slot_indices, activation):

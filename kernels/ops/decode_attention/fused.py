@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, interpreting, is_fp8, kv_view, next_pow2, prev_pow2
-from kernels.ops.decode_attention.naive import check_args, fp8_query
+from poolsim.kernels._common import check, interpreting, is_fp8, kv_view, next_pow2, prev_pow2
+from poolsim.kernels.ops.decode_attention.naive import check_args, fp8_query
 
 MAX_SPLITS = 32
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import capturing, check, check_index_range, check_lengths, is_fp8, kv_view
+from poolsim.kernels._common import capturing, check, check_index_range, check_lengths, is_fp8, kv_view
 
 
 def check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens):

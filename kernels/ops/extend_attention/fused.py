@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import capturing, check, interpreting, is_fp8, kv_view, next_pow2
-from kernels.ops.decode_attention.fused import _head_blocks
-from kernels.ops.extend_attention.naive import check_args
+from poolsim.kernels._common import capturing, check, interpreting, is_fp8, kv_view, next_pow2
+from poolsim.kernels.ops.decode_attention.fused import _head_blocks
+from poolsim.kernels.ops.extend_attention.naive import check_args
 
 
 @triton.jit

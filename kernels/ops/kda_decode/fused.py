@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, next_pow2
-from kernels.ops.kda_decode.naive import L2NORM_EPS, SOFTPLUS_THRESHOLD, check_slots, check_state_args
+from poolsim.kernels._common import check, next_pow2
+from poolsim.kernels.ops.kda_decode.naive import L2NORM_EPS, SOFTPLUS_THRESHOLD, check_slots, check_state_args
 
 _EPS = tl.constexpr(L2NORM_EPS)
 _THRESHOLD = tl.constexpr(SOFTPLUS_THRESHOLD)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._common import capturing, check, check_index_range, check_shape
+from poolsim.kernels._common import capturing, check, check_index_range, check_shape
 
 L2NORM_EPS = 1e-6
 SOFTPLUS_THRESHOLD = 20.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import check, check_cu_seqlens
-from kernels.ops.kda_decode.naive import check_slots, check_state_args
+from poolsim.kernels._common import check, check_cu_seqlens
+from poolsim.kernels.ops.kda_decode.naive import check_slots, check_state_args
 
 
 def kda_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

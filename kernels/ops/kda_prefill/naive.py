@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import check, check_cu_seqlens
-from kernels.ops.kda_decode.naive import (
+from poolsim.kernels._common import check, check_cu_seqlens
+from poolsim.kernels.ops.kda_decode.naive import (
     check_slots,
     check_state_args,
     compute_dtype,

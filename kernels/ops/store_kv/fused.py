@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, is_fp8, kv_view, to_cache_dtype
-from kernels.ops.store_kv.naive import check_loc, check_pair
+from poolsim.kernels._common import check, is_fp8, kv_view, to_cache_dtype
+from poolsim.kernels.ops.store_kv.naive import check_loc, check_pair
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import check, check_index_range, is_fp8, kv_view, to_cache_dtype
+from poolsim.kernels._common import check, check_index_range, is_fp8, kv_view, to_cache_dtype
 
 
 def check_pair(name: str, buf: torch.Tensor, src: torch.Tensor, loc: torch.Tensor) -> None:

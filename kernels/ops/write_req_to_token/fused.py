@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.ops.write_req_to_token.naive import check_args
+from poolsim.kernels.ops.write_req_to_token.naive import check_args
 
 
 @triton.jit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import capturing, check, check_index_range, check_lengths
+from poolsim.kernels._common import capturing, check, check_index_range, check_lengths
 
 
 def check_args(req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_loc, prefix_loc):

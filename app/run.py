@@ -1,0 +1,255 @@
+"""One simulation end to end: model + GPU + SGLang flags + trace -> frames, summary, run record.
+
+    plan_memory (pools.sizing.plan)  ->  one server per dp rank (sim.server)  ->  Simulation (sim.engine)
+    ->  Recorder frames  ->  summarize (reports.summary)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+import pandas as pd
+
+from poolsim.pools.hardware.gpu_catalog import GPUSpec
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import MemoryPlan, compare_records, crossover_context_len, plan_memory
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.reports.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
+from poolsim.sim import ROUTERS
+from poolsim.sim.engine import Simulation
+from poolsim.sim.metrics import CHUNK_ROWS, Recorder
+from poolsim.sim.scheduler import SchedulerConfig
+from poolsim.sim.server import MambaConfig, SWAConfig, build_server
+from poolsim.sim.step_time import (
+    MEASURED_ERROR,
+    AnalyticStepTime,
+    Coefficients,
+    FixedStepTime,
+    ModelCost,
+    calibration_source,
+    prior_only_note,
+)
+
+COMPARE_CONTEXT_LENS = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]
+
+
+@contextlib.contextmanager
+def cycle_collector_paused():
+    """The event loop allocates millions of short-lived containers but almost no reference cycles (about
+    3,000 unreachable objects over the whole Mooncake trace), so the cycle collector's hundreds of passes
+    only cost time (about 5 % of a whole-trace run). Paused for the loop and restored after it, as
+    ``timeit`` does; what little garbage there is waits for the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def poolsim_version() -> str:
+    try:
+        return version("poolsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class RunResult:
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    summary: dict
+    run: dict
+    plan: MemoryPlan
+    token_times: dict | None = None  # rid -> output token times (simulate(token_times=True))
+
+
+def max_new_tokens_policy(policy: str) -> Callable:
+    """How a trace request becomes SGLang's (max_new_tokens, ignore_eos).
+
+    ``trace`` (default): the trace's max_new_tokens when it has one, else its output length (as SGLang's
+    bench_serving sends). ``fixed:N``: the client asks for N tokens; generation still stops at the
+    trace's output length (EOS). ``ignore_eos``: max_new_tokens = output length and ignore_eos set.
+    """
+    if policy == "trace":
+        return lambda t: (t.max_new_tokens if getattr(t, "max_new_tokens", None) else t.output_len,
+                          bool(getattr(t, "ignore_eos", False)))
+    if policy == "ignore_eos":
+        return lambda t: (t.output_len, True)
+    if policy.startswith("fixed:"):
+        try:
+            n = int(policy.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n <= 0:
+            raise ValueError(f"--max-new-tokens-policy {policy!r}: N must be a positive integer")
+        return lambda t: (n, False)
+    raise ValueError(f"--max-new-tokens-policy {policy!r}: expected trace, ignore_eos or fixed:N")
+
+
+def scheduler_config(plan: MemoryPlan, args: ServerArgs) -> SchedulerConfig:
+    rows = plan.max_running_requests
+    if args.dp_size > 1 and args.max_running_requests:
+        rows = min(rows, max(1, args.max_running_requests // args.dp_size))
+    overlap = not (args.disable_overlap_schedule or plan.overlap_forced_off)
+    return SchedulerConfig(
+        page_size=plan.page_size,
+        max_total_num_tokens=plan.max_total_num_tokens,
+        max_running_requests=rows,
+        context_len=plan.context_len,
+        max_context_len=plan.max_context_len,
+        max_prefill_tokens=plan.max_prefill_tokens,
+        chunked_prefill_size=plan.chunked_prefill_size,
+        schedule_policy=args.schedule_policy,
+        schedule_conservativeness=args.schedule_conservativeness,
+        enable_overlap=overlap,
+        enable_mixed_chunk=args.enable_mixed_chunk,
+        scheduler_recv_interval=args.scheduler_recv_interval,
+    )
+
+
+def mamba_config(plan: MemoryPlan, args: ServerArgs, overlap: bool) -> MambaConfig | None:
+    if not plan.is_hybrid:
+        return None
+    strategy = "extra_buffer" if (plan.mamba_strategy or "").startswith("extra_buffer") else "no_buffer"
+    return MambaConfig(max_mamba_cache_size=plan.max_mamba_cache_size, cache_params=plan.mamba_cache_params(),
+                       strategy=strategy, ping_pong_track_buffer_size=2 if overlap else 1,
+                       mamba_track_interval=args.mamba_track_interval)
+
+
+def swa_config(plan: MemoryPlan, args: ServerArgs, model: ModelConfig) -> SWAConfig | None:
+    """A hybrid-SWA plan runs on two pools; never on one: admission and release differ slot for slot."""
+    if not plan.is_hybrid_swa:
+        return None
+    if args.disable_radix_cache:  # SGLang then frees out-of-window KV during prefill too; not modelled
+        raise ValueError(f"--model {model.name}: run simulates hybrid-SWA models with the radix cache on only "
+                         "(--disable-radix-cache takes SGLang's no-prefix-sharing SWA path, not modelled)")
+    if plan.is_hybrid:
+        raise ValueError(f"--model {model.name}: run does not simulate SWA together with mamba state pools")
+    return SWAConfig(swa_max_total_num_tokens=plan.swa_max_total_num_tokens,
+                     sliding_window_size=plan.sliding_window)
+
+
+def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: MemoryPlan,
+                   runtime_overhead_gib: float | None) -> dict | None:
+    """Bytes per request and max concurrency vs context length: the hybrid and its all-full-attention twin."""
+    if not plan.is_hybrid:
+        return None
+    twin = model.with_full_attention()
+    twin_plan = plan_memory(twin, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    lens = [n for n in COMPARE_CONTEXT_LENS if n <= plan.context_len] or [plan.context_len]
+    rows = compare_records({"hybrid": plan, "full": twin_plan}, lens)
+    pick = lambda label, key: [r[key] for r in rows if r["model"] == label]  # noqa: E731
+    return {"context_len": lens, "full_attn_model": twin.name,
+            "hybrid_bytes_per_request": pick("hybrid", "bytes_per_request"),
+            "full_attn_bytes_per_request": pick("full", "bytes_per_request"),
+            "hybrid_max_concurrency": pick("hybrid", "max_concurrency"),
+            "full_attn_max_concurrency": pick("full", "max_concurrency"),
+            "crossover_context_len": crossover_context_len(model, args)}
+
+
+def check_router(router: str) -> None:
+    if router not in ROUTERS:
+        raise ValueError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+
+
+def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
+             seed: int = 0, max_new_tokens: str = "trace", router: str = "round_robin",
+             step_time: str = "analytic", calibration: str | None = None,
+             runtime_overhead_gib: float | None = None, check: bool = False,
+             progress: Callable | None = None, max_concurrency: int | None = None,
+             token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
+             replay=None, stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS,
+             keep_steps: bool = True) -> RunResult:
+    """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
+    ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
+    ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
+    also return when each output token landed (per-token ITL). ``slo_p99_s``/``slo_on``: a p99 latency target
+    (e2e or ttft) the verdict checks (reports/summary.py). ``replay`` (kernels.replay): the same simulation with the
+    pools on ``replay.device`` and a step-time hook ``replay.step_time(clock, servers)`` that measures each step
+    and returns the clock's time (the schedule is unchanged); ``replay.mamba_config`` sizes the device state
+    tensors. None: the plain simulation. ``stream_dir``: also write the step table there
+    (steps.csv / steps.parquet) chunk by chunk as it runs. ``keep_steps`` False: ``RunResult.steps`` holds only
+    the columns the summary reads (reports.summary.SUMMARY_STEP_COLUMNS; the same values, so the same summary),
+    for a caller that has the whole table on disk."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    if slo_on not in SLO_METRICS:
+        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
+    if slo_p99_s is not None and not slo_p99_s > 0:
+        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+    check_router(router)
+    plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    config = scheduler_config(plan, args)
+    mamba = mamba_config(plan, args, config.enable_overlap)
+    device = None
+    if replay is not None:
+        device, mamba = replay.device, replay.mamba_config(mamba)
+    swa = swa_config(plan, args, model)
+    recorder = Recorder(stream_dir, table_format, chunk_rows)
+    servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
+                            recorder=recorder, replica=i, device=device, checks=check,
+                            swa=swa) for i in range(args.dp_size)]
+    clock = _step_time(step_time, model, gpu, plan, calibration, args)
+    step_fn = clock if replay is None else _replay_step(replay.step_time(clock, servers), clock)
+    sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
+                     router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
+                     record_token_times=token_times)
+    with cycle_collector_paused():
+        sim.run(trace)
+    steps = recorder.step_frame(None if keep_steps else SUMMARY_STEP_COLUMNS)
+    requests = recorder.request_frame()
+    meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
+            "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
+            "swa_max_total_num_tokens": swa.swa_max_total_num_tokens if swa else 0,
+            "context_len": config.max_context_len, "dp_size": args.dp_size,
+            "retraction_events": [e for s in servers for e in s.retraction_events],
+            "slo_p99_s": slo_p99_s, "slo_on": slo_on}
+    summary = summarize(steps, requests, meta)
+    run = {
+        "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
+        "server_args": dataclasses.asdict(args), "trace": trace_info or {}, "seed": seed,
+        "max_new_tokens_policy": max_new_tokens, "router": router, "step_time_model": clock.describe(),
+        "overlap_schedule": config.enable_overlap, "memory_plan": plan.to_dict(),
+        "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
+        "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
+    }
+    return RunResult(steps, requests, summary, run, plan, sim.token_times)
+
+
+def _replay_step(hook, clock):
+    """The replay's hook times the steps; the clock still says how long a request spends outside them, so the
+    replayed schedule is the plain run's."""
+    def step(batch):
+        return hook(batch)
+    step.request_cpu_s = getattr(clock, "request_cpu_s", 0.0)
+    return step
+
+
+def check_step_time(spec: str, calibration) -> None:
+    """A calibration file sets the analytic model's coefficients: with a fixed step time it would be ignored."""
+    if calibration and spec.startswith("fixed:"):
+        raise ValueError(f"--calibration {calibration} has no effect with --step-time {spec}: a calibration sets "
+                         f"the analytic model's coefficients; drop one of the two flags")
+
+
+def _step_time(spec: str, model, gpu, plan, calibration, args=None):
+    check_step_time(spec, calibration)
+    if spec.startswith("fixed:"):
+        try:
+            return FixedStepTime(float(spec.split(":", 1)[1]) / 1e3)
+        except ValueError:
+            raise ValueError(f"--step-time {spec!r}: expected fixed:MILLISECONDS") from None
+    if spec != "analytic":
+        raise ValueError(f"--step-time {spec!r}: expected analytic or fixed:MILLISECONDS")
+    coeffs = Coefficients.from_calibration(calibration) if calibration else None
+    cost = ModelCost.from_model(model, gpu, plan, args)
+    source = calibration_source(calibration, cost.arch) if calibration else \
+        f"fitted defaults; {MEASURED_ERROR}{prior_only_note(cost.arch)}"
+    return AnalyticStepTime(cost, coeffs, source=source)

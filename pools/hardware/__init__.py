@@ -1,0 +1,1 @@
+"""The hardware poolsim sizes and times for: the GPU catalog."""

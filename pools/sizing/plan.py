@@ -1,0 +1,612 @@
+"""SGLang 0.5.23's memory sizing: KV tokens, request rows and mamba state slots from a model, a GPU and flags.
+
+The path mirrors ``KVCacheConfigurator._resolve_memory_pool_config``
+(``srt/mem_cache/kv_cache_configurator.py:3174``):
+
+1. ``_profile_available_bytes`` (``:2990``): ``rest = free_after_weights - pre_model_load * (1 - mem_fraction_static)``,
+   all in SGLang's "GB", which is GiB (``get_available_gpu_memory`` returns ``bytes / (1 << 30)``,
+   ``srt/utils/common.py:575``); for hybrid models ``_handle_max_mamba_cache`` (``:3229``) takes the mamba
+   pool out of ``rest`` first.
+2. The pool kind's configurator (``pools/sizing/pool_configurator.py``, ``model_executor/pool_configurator.py``):
+   ``tokens = bytes // cell_size``, floored to a page multiple (hybrid SWA: split into a full and an SWA
+   pool); ``_apply_token_constraints`` (``:3090``) caps it by ``--max-total-tokens``. The defaults SGLang
+   resolves first (backend, page size, KV dtype, mem_fraction_static) are ``pools/sizing/server_defaults.py``;
+   the mamba state term is ``pools/sizing/mamba.py``.
+3. ``resolve_max_num_reqs`` (``:3119``): request rows, capped by the mamba slots.
+4. The ``req_to_token`` table is allocated afterwards (``_build_req_to_token_pool``, ``:1571``), outside
+   the budget, from what ``(1 - mem_fraction_static)`` left free.
+
+What poolsim cannot measure: SGLang reads free GPU memory with ``torch.cuda.mem_get_info`` after the CUDA
+context and distributed init (``pre_model_load_memory``) and again after loading weights. poolsim models the
+first as the card's total minus ``runtime_overhead_gib`` and the second as that minus the weight bytes counted
+from the config's shapes. Both are estimates, so the absolute token count can be off by
+``(error in GiB) * 2**30 / cell_size`` tokens; everything downstream of ``rest`` (cell size, page flooring,
+the mamba split, row counts, the sizes SGLang logs) is exact. Pass ``--max-total-tokens`` to pin the token
+count to a logged value and reproduce SGLang's logged sizes to the digit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+from poolsim.pools.dtypes import dtype_bytes
+from poolsim.pools.errors import PoolError, SizingError
+from poolsim.pools.hardware.gpu_catalog import GIB, GPUSpec
+from poolsim.pools.mem_cache.pool.base import KVCache
+from poolsim.pools.mem_cache.pool.hybrid import HybridLinearKVPool
+from poolsim.pools.mem_cache.pool.mamba import MambaCacheParams, MambaPool
+from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
+from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
+from poolsim.pools.mem_cache.pool.swa import SWAKVPool
+from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing API)
+    MAMBA_STRATEGIES,
+    _mamba_state_gib,
+    _validate_mamba_strategy,
+    mamba_cache_params,
+    mamba_ratio,
+    resolve_mamba_strategy,
+    split_mamba_budget,
+)
+from poolsim.pools.sizing.pool_configurator import pool_configurator
+from poolsim.pools.sizing.server_args import ServerArgs
+from poolsim.pools.sizing.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
+    default_chunked_prefill_size,
+    default_mem_fraction_static,
+    default_runtime_overhead_gib,
+    kv_heads_per_rank,
+    resolve_attention_backend,
+    resolve_kv_cache_dtype,
+    resolve_page_size,
+)
+
+REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spec decoding, allocation_sizing.py:105
+REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What SGLang 0.5.23 allocates on one tp rank. GiB = 2**30 bytes, as SGLang's logs ("GB")."""
+
+    model: str
+    gpu: str
+    tp_size: int
+    attention_arch: str  # mha | mla
+    attention_backend: str
+    kv_cache_dtype: str
+    page_size: int
+    mem_fraction_static: float
+    chunked_prefill_size: int | None  # None: chunked prefill disabled (-1)
+    max_prefill_tokens: int
+    context_len: int  # the model's context length (SGLang logs it as context_len=)
+    max_context_len: int  # req_to_token row width: context_len + 4 (ReqToTokenPool's max_context_len)
+    max_req_len: int
+    max_req_input_len: int
+    # memory budget, GiB
+    gpu_total_gib: float
+    runtime_overhead_gib: float
+    pre_model_load_gib: float
+    weights_gib_per_rank: float
+    available_after_weights_gib: float
+    non_static_headroom_gib: float  # pre_model_load * (1 - mem_fraction_static)
+    rest_gib: float  # KV (+ mamba) budget
+    # KV pool
+    cell_size_bytes: int  # bytes per token on this rank, full-attention layers only
+    kv_layer_num: int
+    kv_head_num: int  # per rank (MHA); 1 for MLA
+    head_dim: int  # MHA k head dim; MLA kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+    v_head_dim: int  # MHA only
+    kv_lora_rank: int  # MLA only
+    qk_rope_head_dim: int  # MLA only
+    profiled_max_total_num_tokens: int  # before --max-total-tokens
+    max_total_num_tokens: int
+    kv_cache_gib: float
+    k_size_gib: float | None  # MHA, as "K size: x GB"
+    v_size_gib: float | None
+    kv_size_gib: float | None  # MLA, as "KV size: x GB"
+    # request rows
+    max_running_requests: int
+    req_to_token_rows: int  # ReqToTokenPool size (row 0, the padding row, is extra)
+    req_to_token_gib: float
+    free_after_pools_gib: float  # what the req_to_token table, activations and graphs share
+    rows_capped_by_mamba: bool
+    full_attention_layer_ids: tuple[int, ...]
+    # hybrid linear attention (None otherwise)
+    linear_attn_kind: str | None = None  # kda | gdn | mamba2
+    linear_layer_ids: tuple[int, ...] | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_bytes_per_slot: int | None = None
+    conv_state_gib: float | None = None
+    ssm_state_gib: float | None = None
+    mamba_conv_shape: tuple[tuple[int, ...], ...] | None = None
+    mamba_temporal_shape: tuple[int, ...] | None = None
+    mamba_conv_dtype: str | None = None
+    mamba_ssm_dtype: str | None = None
+    mamba_ratio: int | None = None  # state slots reserved per running request
+    mamba_strategy: str | None = None  # no_buffer | extra_buffer | extra_buffer_lazy | off (no radix cache)
+    overlap_forced_off: bool = False  # auto resolved to no_buffer, which turns the overlap scheduler off
+    disable_overlap_schedule: bool = False
+    # sliding-window attention (None for models without windowed layers)
+    sliding_window: int | None = None
+    swa_layer_ids: tuple[int, ...] | None = None
+    swa_pool: str | None = None  # "hybrid": a separate SWA pool | "all-full": every layer sized as full
+    swa_full_tokens_ratio: float | None = None
+    full_max_total_num_tokens: int | None = None  # "full_layer_tokens=" of SGLang's log
+    swa_max_total_num_tokens: int | None = None  # "swa_layer_tokens="
+    full_k_size_gib: float | None = None  # "Full KV Cache is allocated ... K size"
+    full_v_size_gib: float | None = None
+    swa_k_size_gib: float | None = None  # "SWA KV Cache is allocated ... K size"
+    swa_v_size_gib: float | None = None
+    swa_kv_head_num: int | None = None
+    swa_head_dim: int | None = None
+    swa_v_head_dim: int | None = None
+    # DeepSeek sparse attention (None otherwise)
+    index_head_dim: int | None = None
+    index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
+    latent_row_bytes: int | None = None  # bytes per token per layer of the latent row
+    notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
+    warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.max_mamba_cache_size is not None
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return self.swa_pool == "hybrid"
+
+    _MAMBA_KEYS = {"max_mamba_cache_size": "max_mamba_cache_size", "mamba_bytes_per_slot": "bytes_per_slot",
+                   "conv_state_gib": "conv_state_gib", "ssm_state_gib": "ssm_state_gib",
+                   "mamba_conv_shape": "conv_shape", "mamba_temporal_shape": "temporal_shape",
+                   "mamba_conv_dtype": "conv_dtype", "mamba_ssm_dtype": "ssm_dtype", "mamba_ratio": "mamba_ratio",
+                   "mamba_strategy": "strategy", "overlap_forced_off": "overlap_forced_off",
+                   "linear_attn_kind": "kind", "linear_layer_ids": "layer_ids"}
+
+    def to_dict(self) -> dict:
+        """Flat fields, with the hybrid ones nested under ``mamba`` (None for non-hybrid models)."""
+        d = {k: v for k, v in asdict(self).items() if k not in self._MAMBA_KEYS}
+        d["mamba"] = ({out: getattr(self, k) for k, out in self._MAMBA_KEYS.items()} if self.is_hybrid else None)
+        return d
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def make_kv_pool(self, device: str | None = None) -> KVCache:
+        """The KV storage pool SGLang builds for this plan (buffers only on a torch device)."""
+        size, page, dtype = self.max_total_num_tokens, self.page_size, self.kv_cache_dtype
+        if self.is_hybrid_swa or self.index_head_dim is not None:
+            raise PoolError(f"{self.model}: the simulator's device pools do not model SWA or DSA pools")
+        if self.is_hybrid:
+            return HybridLinearKVPool(size, page, dtype, list(self.full_attention_layer_ids), mamba_pool=None,
+                                      device=device, use_mla=self.attention_arch == "mla", head_num=self.kv_head_num,
+                                      head_dim=self.head_dim, v_head_dim=self.v_head_dim,
+                                      kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim)
+        if self.attention_arch == "mla":
+            return MLATokenToKVPool(size, page, dtype, self.kv_lora_rank, self.qk_rope_head_dim, self.kv_layer_num,
+                                    device)
+        return MHATokenToKVPool(size, page, dtype, self.kv_head_num, self.head_dim, self.kv_layer_num, device,
+                                v_head_dim=self.v_head_dim)
+
+    def mamba_cache_params(self) -> MambaCacheParams | None:
+        """The state shapes and dtypes the simulator's ``MambaPool`` needs."""
+        if not self.is_hybrid:
+            return None
+        from poolsim.pools.mem_cache.pool.mamba import MambaStateShape
+
+        shape = MambaStateShape(conv=[tuple(s) for s in self.mamba_conv_shape], temporal=self.mamba_temporal_shape,
+                                kind=self.linear_attn_kind)
+        return MambaCacheParams(shape=shape, layers=list(self.linear_layer_ids), conv_dtype=self.mamba_conv_dtype,
+                                ssm_dtype=self.mamba_ssm_dtype)
+
+    def table(self, concurrency: list["Concurrency"] | None = None) -> str:
+        """The plan as a compact human-readable table."""
+        rows = [
+            ("model / gpu / tp", f"{self.model} / {self.gpu} / {self.tp_size}"),
+            ("attention", f"{self.attention_arch.upper()} via {self.attention_backend}, KV {self.kv_cache_dtype}, "
+                          f"page {self.page_size}"),
+            ("mem_fraction_static", f"{self.mem_fraction_static}"),
+            ("chunked_prefill_size", f"{self.chunked_prefill_size if self.chunked_prefill_size else 'disabled'}"
+                                     f" (max_prefill_tokens {self.max_prefill_tokens})"),
+            ("GPU total / before weights", f"{self.gpu_total_gib:.2f} / {self.pre_model_load_gib:.2f} GiB "
+                                           f"(runtime overhead {self.runtime_overhead_gib:.2f} GiB, assumed)"),
+            ("weights per rank", f"{self.weights_gib_per_rank:.2f} GiB"),
+            ("KV + state budget (rest)", f"{self.rest_gib:.2f} GiB; headroom {self.non_static_headroom_gib:.2f} GiB"),
+            ("cell size", f"{self.cell_size_bytes:,} B/token over {self.kv_layer_num} KV layers"
+                          + (f" (SWA layers weighted by swa_full_tokens_ratio {self.swa_full_tokens_ratio})"
+                             if self.is_hybrid_swa else "")),
+            ("max_total_num_tokens", f"{self.max_total_num_tokens:,}"),
+        ]
+        if self.is_hybrid_swa:
+            rows += [("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} of "
+                                        f"{self.kv_layer_num} layers: two pools (hybrid SWA)"),
+                     ("SWA split", f"full_layer_tokens={self.full_max_total_num_tokens:,}, "
+                                   f"swa_layer_tokens={self.swa_max_total_num_tokens:,}"),
+                     ("Full KV pool", f"K size: {self.full_k_size_gib:.2f} GB, V size: {self.full_v_size_gib:.2f} GB"),
+                     ("SWA KV pool", f"K size: {self.swa_k_size_gib:.2f} GB, V size: {self.swa_v_size_gib:.2f} GB"),
+                     ("SWAKVPool mem usage", f"{self.kv_cache_gib:.2f} GB")]
+        elif self.k_size_gib is not None:
+            rows.append(("KV pool", f"K size: {self.k_size_gib:.2f} GB, V size: {self.v_size_gib:.2f} GB"))
+        else:
+            rows.append(("KV pool", f"KV size: {self.kv_size_gib:.2f} GB"))
+        if self.swa_pool == "all-full":
+            rows.append(("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} layers, "
+                                           "not used for sizing: one pool, every layer sized as full "
+                                           "(off SGLang's hybrid-SWA list)"))
+        if self.index_head_dim is not None:
+            rows.append(("DSA index-K cache", f"{self.index_k_size_gib:.2f} GB (in KV size); latent "
+                                              f"{self.latent_row_bytes} B + index {self.index_head_dim + 4} B "
+                                              "per token per layer, page 64"))
+        if self.is_hybrid:
+            rows += [("mamba slots", f"{self.max_mamba_cache_size:,} x {self.mamba_bytes_per_slot:,} B "
+                                     f"({self.linear_attn_kind}, {len(self.linear_layer_ids)} layers)"),
+                     ("mamba pool", f"conv_state size: {self.conv_state_gib:.2f}GB, "
+                                    f"ssm_state size: {self.ssm_state_gib:.2f}GB"),
+                     ("mamba strategy", f"{self.mamba_strategy}, {self.mamba_ratio} slots per running request"
+                                        + (", overlap scheduler forced off" if self.overlap_forced_off else ""))]
+        rows += [("max_running_requests", f"{self.max_running_requests:,}"
+                                          + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")),
+                 ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
+                                        f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
+        rows += [("note", n) for n in self.notes]
+        rows += [("warning", w) for w in self.warnings]
+        width = max(len(k) for k, _ in rows)
+        out = [f"{k:<{width}}  {v}" for k, v in rows]
+        if concurrency:
+            out += ["", f"{'context len':>12}  {'max concurrency':>15}  {'KV limit':>10}  binds first"]
+            out += [f"{c.context_len:>12,}  {c.max_concurrency:>15,}  {c.kv_limit:>10,}  {c.binding}"
+                    for c in concurrency]
+        return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    context_len: int  # tokens per request (prompt + output)
+    max_concurrency: int
+    kv_limit: int  # requests the KV pool holds at this length
+    rows_limit: int  # max_running_requests
+    binding: str  # kv_tokens | request_rows | mamba_slots | context_len (longer than a request may be)
+
+
+# ---- pools -------------------------------------------------------------------------------------
+
+
+def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: str, gpu_arch: str = "sm90",
+                 swa_full_tokens_ratio: float = 0.8) -> KVCache:
+    """The KV storage pool SGLang builds (sizes only; no buffers without a device)."""
+    return pool_configurator(model, tp, page_size, dtype, gpu_arch=gpu_arch,
+                             swa_full_tokens_ratio=swa_full_tokens_ratio).kv_pool(size)
+
+
+def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requests: int | None,
+                         max_mamba_cache_size: int | None = None, ratio: int = 1) -> tuple[int, bool]:
+    """resolve_max_num_reqs (kv_cache_configurator.py:3119-3172), dp 1. Returns (rows, capped by mamba)."""
+    estimated = int(token_capacity / context_len * 512)  # rows: 512 per context's worth of tokens
+    estimated = max(min(estimated, 4096), 2048)  # rows: clamped to [2048, 4096]
+    if max_running_requests is not None:
+        max_num_reqs = min(max(1, max_running_requests), token_capacity // 2)
+    else:
+        max_num_reqs = min(estimated, token_capacity // 2)
+    capped = False
+    if max_mamba_cache_size is not None:
+        mamba_cap = max_mamba_cache_size // ratio  # rows: each running request may hold `ratio` slots
+        capped = mamba_cap < max_num_reqs
+        max_num_reqs = min(max_num_reqs, mamba_cap)
+        if max_num_reqs <= 0:
+            raise SizingError(f"max_mamba_cache_size {max_mamba_cache_size} // mamba_ratio {ratio} leaves no "
+                              "request rows; raise --mem-fraction-static or --max-mamba-cache-size")
+    return max_num_reqs, capped
+
+
+def validate_tp(model: ModelConfig, tp: int) -> None:
+    """The tp divisibility asserts SGLang's model classes make (e.g. models/llama.py:183-193)."""
+    if tp < 1:
+        raise SizingError(f"--tp {tp} must be >= 1")
+    heads, kv = model.num_attention_heads, model.num_key_value_heads
+    if model.full_attention_layer_ids:
+        if heads % tp:
+            raise SizingError(f"--tp {tp} does not divide num_attention_heads {heads}")
+        if not model.use_mla and kv >= tp and kv % tp:
+            raise SizingError(f"--tp {tp} does not divide num_key_value_heads {kv}")
+        if not model.use_mla and kv < tp and tp % kv:
+            raise SizingError(f"--tp {tp} is not a multiple of num_key_value_heads {kv}")
+    if model.linear_attn is not None and model.linear_attn.kind != "short_conv" and model.linear_attn.num_heads % tp:
+        raise SizingError(f"--tp {tp} does not divide the {model.linear_attn.kind} heads {model.linear_attn.num_heads}")
+    if model.quant_method == "fp8" and model.weight_block_size is not None and tp > 1:
+        block_n = model.weight_block_size[0]
+        for name, size in (("intermediate_size", model.intermediate_size),
+                           ("moe_intermediate_size", model.moe.intermediate_size if model.moe else 0)):
+            if size and (size // tp) % block_n:  # fp8.py validate_block_quant_shapes
+                raise SizingError(f"--tp {tp}: {name} {size} / tp = {size // tp} is not divisible by the fp8 "
+                                  f"weight block {block_n}")
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+
+def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
+                runtime_overhead_gib: float | None = None) -> MemoryPlan:
+    tp = args.tp_size
+    validate_tp(model, tp)
+    if args.page_size < 1 or args.page_size & (args.page_size - 1):
+        raise SizingError(f"--page-size {args.page_size} is not a power of two")
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
+        raise SizingError(f"--mem-fraction-static {args.mem_fraction_static} is not in (0, 1)")
+    if args.mamba_radix_cache_strategy not in MAMBA_STRATEGIES:
+        raise SizingError(f"--mamba-radix-cache-strategy {args.mamba_radix_cache_strategy!r} is not one of "
+                          f"{', '.join(MAMBA_STRATEGIES)}")
+    for flag, value in (("--max-total-tokens", args.max_total_tokens), ("--max-running-requests",
+                        args.max_running_requests), ("--max-mamba-cache-size", args.max_mamba_cache_size)):
+        if value is not None and value < 1:
+            raise SizingError(f"{flag} {value} must be >= 1")
+    context_len = _resolve_context_len(model, args)
+    kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype, gpu)
+    if model.is_hybrid_swa and args.max_running_requests is not None and args.disable_radix_cache and (
+            args.chunked_prefill_size is None or args.chunked_prefill_size > 0):
+        raise SizingError("--max-running-requests with --disable-radix-cache: SGLang sizes this hybrid-SWA model's "
+                          "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
+
+    strategy, disable_overlap, overlap_forced_off = (None, args.disable_overlap_schedule, False)
+    if model.is_hybrid:
+        strategy, disable_overlap, overlap_forced_off = resolve_mamba_strategy(model, gpu, args)
+    extra_buffer = strategy in ("extra_buffer", "extra_buffer_lazy")
+    backend, forced_page = resolve_attention_backend(model, gpu, args, kv_heads_per_rank(model, tp), extra_buffer)
+    page_size = resolve_page_size(model, gpu, backend, forced_page or args.page_size)
+    if model.is_hybrid:
+        _validate_mamba_strategy(strategy, page_size, disable_overlap, args)
+
+    chunked = args.chunked_prefill_size
+    if chunked is None:
+        chunked = default_chunked_prefill_size(gpu, tp)
+    mem_fraction_static = args.mem_fraction_static
+    if mem_fraction_static is None:
+        mem_fraction_static = default_mem_fraction_static(model, gpu, args, chunked)
+    if backend == "aiter" and context_len > 8192:
+        mem_fraction_static = mem_fraction_static * 0.85  # attention_hook.py:244-268 (explicit values too)
+
+    # _profile_available_bytes, in SGLang's GiB floats
+    overhead = default_runtime_overhead_gib(tp) if runtime_overhead_gib is None else runtime_overhead_gib
+    gpu_total = gpu.total_bytes / GIB  # GiB
+    pre_model_load = gpu_total - overhead  # GiB free when SGLang takes its baseline
+    weights = model.weight_bytes_per_rank(tp) / GIB  # GiB of weights on this rank
+    available = pre_model_load - weights  # GiB free after loading weights
+    slack = pre_model_load * (1 - mem_fraction_static)  # GiB kept for activations, graphs, req_to_token
+    rest = available - slack  # GiB for KV (and mamba state)
+    if available <= 0:
+        raise SizingError(f"--tp {tp}: {model.name} weights need {weights:.2f} GiB per rank, more than the "
+                          f"{pre_model_load:.2f} GiB free on {gpu.name}")
+    if rest <= 0:
+        minimum = 1 - available / pre_model_load  # kv_cache_configurator.py:3041-3060
+        raise SizingError(f"--mem-fraction-static {mem_fraction_static}: weights ({weights:.2f} GiB per rank) leave "
+                          f"no KV memory on {gpu.name}; raise it above {math.ceil(minimum * 1000) / 1000:.3f}")
+    rest_before_mamba = rest
+
+    mamba = None
+    if model.is_hybrid:
+        params = mamba_cache_params(model, tp, args.mamba_ssm_dtype)
+        per_slot = params.mamba_cache_per_req  # B over all linear layers
+        if args.max_mamba_cache_size is not None:
+            source, max_mamba = "--max-mamba-cache-size", args.max_mamba_cache_size  # // dp
+        elif args.disable_radix_cache and args.max_running_requests is not None:
+            source, max_mamba = "--max-running-requests", max(1, args.max_running_requests)
+        else:
+            source = "--mamba-full-memory-ratio"
+            max_mamba, _ = split_mamba_budget(rest, per_slot, args.mamba_full_memory_ratio)
+        if max_mamba <= 0:
+            raise SizingError(f"max_mamba_cache_size {max_mamba}: rest {rest:.2f} GiB holds no "
+                              f"{per_slot / 2**20:.2f} MiB state slot; raise --mem-fraction-static")
+        rest = rest - _mamba_state_gib(max_mamba, per_slot)
+        if rest <= 0:
+            raise SizingError(f"{source}: max_mamba_cache_size {max_mamba} needs {max_mamba + 1} slots of "
+                              f"{per_slot / 2**20:.2f} MiB, more than the {rest_before_mamba:.2f} GiB budget")
+        mamba = (params, per_slot, max_mamba)
+
+    available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
+    warnings = []
+    conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                             swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+    cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
+    sizes = conf.calculate_pool_sizes(available_bytes)
+    profiled = sizes.max_total_num_tokens  # tokens, page-floored
+    if args.max_total_tokens is not None:
+        if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
+            warnings.append(f"max_total_tokens={args.max_total_tokens} is larger than the profiled value "
+                            f"{profiled}. Use the profiled value instead.")
+        sizes = conf.from_max_tokens(min(profiled, args.max_total_tokens))
+    max_total_num_tokens = sizes.max_total_num_tokens
+    if max_total_num_tokens <= 0:
+        raise SizingError(f"max_total_num_tokens {max_total_num_tokens}: {rest:.2f} GiB holds no page of "
+                          f"{page_size} tokens x {cell} B; raise --mem-fraction-static")
+
+    ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
+    max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, args.max_running_requests,
+                                            mamba[2] if mamba else None, ratio)
+    if max_reqs < 1:  # one rule for plan and run: a pool too small for a single request row
+        raise SizingError(f"--max-total-tokens {args.max_total_tokens}: {max_total_num_tokens} KV tokens give "
+                          f"{max_total_num_tokens} // 2 = 0 request rows; a server needs at least one")
+    if capped:  # kv_cache_configurator.py:3140-3156
+        warnings.append(f"max_running_requests is capped to {max_reqs} by the mamba state cache "
+                        f"(max_mamba_cache_size={mamba[2]}, {ratio} state slots per request)")
+    elif args.max_running_requests is not None and max_reqs < args.max_running_requests:
+        warnings.append(f"max_running_requests was reduced from the requested {args.max_running_requests} to "
+                        f"{max_reqs} due to the available KV cache capacity")
+    if max_total_num_tokens < context_len:  # tp_worker.py:555-566
+        warnings.append(f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length {context_len}. "
+                        "One full-length request cannot fit.")
+
+    kv_pool = conf.kv_pool(max_total_num_tokens, sizes.swa_max_total_num_tokens)
+    kv_sizes = kv_pool.get_kv_size_bytes()  # B with size + page_size rows per layer
+    kv_total = sum(kv_sizes) if isinstance(kv_sizes, tuple) else kv_sizes
+    window_fields = _window_fields(model, kv_pool, args) if model.swa is not None else {}
+    if model.dsa is not None:
+        window_fields = dict(index_head_dim=model.dsa.index_head_dim, index_k_size_gib=kv_pool.index_k_size_bytes() / GIB,
+                             latent_row_bytes=kv_pool.latent_row_bytes)
+    max_context_len = context_len + REQ_TO_TOKEN_EXTRA_CONTEXT  # tokens per req_to_token row
+    req_to_token_bytes = (max_reqs + 1) * max_context_len * REQ_TO_TOKEN_ENTRY_BYTES  # B, row 0 included
+    mamba_total = 0
+    hybrid_fields = {}
+    if mamba:
+        params, per_slot, max_mamba = mamba
+        pool = MambaPool(max_mamba, params)
+        mamba_total = pool.mem_usage_bytes()
+        hybrid_fields = dict(
+            linear_attn_kind=model.linear_attn.kind, linear_layer_ids=tuple(model.linear_layer_ids),
+            max_mamba_cache_size=max_mamba, mamba_bytes_per_slot=per_slot,
+            conv_state_gib=pool.conv_state_bytes() / GIB, ssm_state_gib=pool.ssm_state_bytes() / GIB,
+            mamba_conv_shape=tuple(tuple(s) for s in params.shape.conv), mamba_temporal_shape=params.shape.temporal,
+            mamba_conv_dtype=params.conv_dtype, mamba_ssm_dtype=params.ssm_dtype, mamba_ratio=ratio,
+            mamba_strategy=strategy, overlap_forced_off=overlap_forced_off)
+    free_after_pools = available - (kv_total + mamba_total) / GIB  # GiB free once the pools exist
+    if req_to_token_bytes / GIB > free_after_pools:
+        raise SizingError(f"--context-length {context_len}: the req_to_token table ({max_reqs + 1} rows x "
+                          f"{max_context_len} int32 = {req_to_token_bytes / GIB:.2f} GiB) "
+                          f"exceeds the {free_after_pools:.2f} GiB left after the pools; lower --context-length "
+                          "or --max-running-requests")
+    max_req_len = min(context_len - 1, max_total_num_tokens - 1)  # tp_worker.py:568-571
+
+    return MemoryPlan(
+        model=model.name, gpu=gpu.name, tp_size=tp, attention_arch=model.attention_arch,
+        attention_backend=backend, kv_cache_dtype=kv_dtype, page_size=page_size,
+        mem_fraction_static=mem_fraction_static, chunked_prefill_size=chunked if chunked > 0 else None,
+        max_prefill_tokens=args.max_prefill_tokens, context_len=context_len, max_context_len=max_context_len,
+        max_req_len=max_req_len,
+        max_req_input_len=max_req_len - 5,
+        gpu_total_gib=gpu_total, runtime_overhead_gib=overhead, pre_model_load_gib=pre_model_load,
+        weights_gib_per_rank=weights, available_after_weights_gib=available, non_static_headroom_gib=slack,
+        rest_gib=rest_before_mamba,
+        cell_size_bytes=cell, kv_layer_num=len(model.full_attention_layer_ids),
+        kv_head_num=1 if model.use_mla else kv_heads_per_rank(model, tp),
+        head_dim=model.kv_lora_rank + model.qk_rope_head_dim if model.use_mla else model.head_dim,
+        v_head_dim=0 if model.use_mla else model.v_head_dim,
+        kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,
+        profiled_max_total_num_tokens=profiled, max_total_num_tokens=max_total_num_tokens,
+        kv_cache_gib=kv_total / GIB,
+        k_size_gib=kv_sizes[0] / GIB if isinstance(kv_sizes, tuple) else None,
+        v_size_gib=kv_sizes[1] / GIB if isinstance(kv_sizes, tuple) else None,
+        kv_size_gib=None if isinstance(kv_sizes, tuple) else kv_sizes / GIB,
+        max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
+        free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
+        full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
+        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
+        **window_fields)
+
+
+def _window_fields(model: ModelConfig, kv_pool: KVCache, args: ServerArgs) -> dict:
+    """What a plan reports about the sliding window: both pools as SGLang logs them, or that it is unused."""
+    out = dict(sliding_window=model.sliding_window, swa_layer_ids=tuple(model.swa_layer_ids))
+    if not isinstance(kv_pool, SWAKVPool):
+        return dict(out, swa_pool="all-full")
+    full, swa = kv_pool.full_kv_pool, kv_pool.swa_kv_pool
+    (fk, fv), (sk, sv) = full.get_kv_size_bytes(), swa.get_kv_size_bytes()
+    return dict(out, swa_pool="hybrid", swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                full_max_total_num_tokens=full.size, swa_max_total_num_tokens=swa.size,
+                full_k_size_gib=fk / GIB, full_v_size_gib=fv / GIB, swa_k_size_gib=sk / GIB, swa_v_size_gib=sv / GIB,
+                swa_kv_head_num=swa.head_num, swa_head_dim=swa.head_dim, swa_v_head_dim=swa.v_head_dim)
+
+
+def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
+    """ModelConfig._derive_context_length (configs/model_config.py:1291): a longer --context-length is refused."""
+    if args.context_length is None:
+        return model.derived_context_len
+    if args.context_length < 1:
+        raise SizingError(f"--context-length {args.context_length} must be >= 1")
+    if args.context_length > model.derived_context_len:
+        raise SizingError(f"--context-length {args.context_length} exceeds the model's derived context length "
+                          f"{model.derived_context_len} (SGLang refuses without "
+                          "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
+    return args.context_length
+
+
+# ---- capacity at a context length ----------------------------------------------------------------
+
+
+def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurrency]:
+    """How many requests of each total length fit at once, and which pool runs out first.
+
+    KV: whole pages per request (ceil_page(L)). Rows: max_running_requests, which for hybrids already
+    counts ``mamba_ratio`` state slots per request; when that cap bound the rows, mamba slots bind.
+    """
+    out = []
+    rows = plan.max_running_requests
+    for length in context_lens:
+        if length > plan.max_req_len + 1:
+            out.append(Concurrency(length, 0, 0, rows, "context_len"))
+            continue
+        pages = -(-length // plan.page_size) * plan.page_size  # tokens held, page-rounded
+        kv_limit = plan.max_total_num_tokens // pages
+        if plan.is_hybrid_swa:  # the SWA pool holds about the last window (+ a page) of each request
+            kv_limit = min(kv_limit, plan.swa_max_total_num_tokens // _swa_tokens_per_request(plan, length))
+        if kv_limit < rows:
+            binding = "kv_tokens"
+        else:
+            binding = "mamba_slots" if plan.rows_capped_by_mamba else "request_rows"
+        out.append(Concurrency(length, min(kv_limit, rows), kv_limit, rows, binding))
+    return out
+
+
+def _swa_tokens_per_request(plan: MemoryPlan, context_len: int) -> int:
+    """SWA tokens a request keeps: min(length, window) page-rounded, plus the page SGLang's admission
+    reserves (mem_cache/prefill_budget.py:27-60); out-of-window tokens are released."""
+    held = min(context_len, plan.sliding_window)
+    return -(-held // plan.page_size) * plan.page_size + plan.page_size
+
+
+def bytes_per_request(plan: MemoryPlan, context_len: int) -> int:
+    """KV of ``context_len`` tokens (page-rounded) plus one state slot for hybrids, on one rank; for hybrid
+    SWA, the full layers hold every token and the SWA layers about the last window."""
+    pages = -(-context_len // plan.page_size) * plan.page_size
+    if plan.is_hybrid_swa:
+        full_layers = len(plan.full_attention_layer_ids)
+        full_tok = plan.kv_head_num * (plan.head_dim + plan.v_head_dim) * full_layers
+        swa_tok = plan.swa_kv_head_num * (plan.swa_head_dim + plan.swa_v_head_dim) * len(plan.swa_layer_ids)
+        width = dtype_bytes(plan.kv_cache_dtype)
+        return (pages * full_tok + _swa_tokens_per_request(plan, context_len) * swa_tok) * width
+    return pages * plan.cell_size_bytes + (plan.mamba_bytes_per_slot or 0)
+
+
+def crossover_context_len(hybrid: ModelConfig, args: ServerArgs, slots: int = 1) -> int:
+    """The shortest request for which ``slots`` state slots cost no more than the KV the linear layers would
+    hold as full-attention layers: ceil(slots * bytes_per_slot / extra KV bytes per token)."""
+    if not hybrid.is_hybrid:
+        raise SizingError(f"--compare: {hybrid.name} has no linear-attention layers")
+    tp = args.tp_size
+    dtype = resolve_kv_cache_dtype(hybrid, args.kv_cache_dtype)
+    full_cell = make_kv_pool(hybrid.with_full_attention(), tp, 0, 1, dtype).cell_size_bytes()
+    hybrid_cell = make_kv_pool(hybrid, tp, 0, 1, dtype).cell_size_bytes()
+    per_slot = mamba_cache_params(hybrid, tp, args.mamba_ssm_dtype).mamba_cache_per_req
+    return -(-slots * per_slot // (full_cell - hybrid_cell))
+
+
+def compare_records(plans: dict[str, MemoryPlan], context_lens: list[int]) -> list[dict]:
+    """Rows (model, context_len, bytes_per_request, max_concurrency, binding) for tables and plots."""
+    rows = []
+    for label, plan in plans.items():
+        for c in max_concurrency(plan, context_lens):
+            rows.append(dict(model=label, context_len=c.context_len,
+                             bytes_per_request=bytes_per_request(plan, c.context_len),
+                             max_concurrency=c.max_concurrency, binding=c.binding))
+    return rows
+
+
+def plan_field_names() -> list[str]:
+    return [f.name for f in fields(MemoryPlan)]
+
+
+def compare_table(records: list[dict]) -> str:
+    """``compare_records`` as one line per context length: GiB per request and max concurrency per model."""
+    labels = list(dict.fromkeys(r["model"] for r in records))
+    by_len: dict[int, dict[str, dict]] = {}
+    for r in records:
+        by_len.setdefault(r["context_len"], {})[r["model"]] = r
+    width = max(22, *(len(label) for label in labels))
+    head = f"{'context len':>12}" + "".join(f"  {label:>{width}}" for label in labels)
+    sub = f"{'':>12}" + "".join(f"  {'GiB/req   max reqs':>{width}}" for _ in labels)
+    lines = [head, sub]
+    for length in sorted(by_len):
+        cells = []
+        for label in labels:
+            r = by_len[length][label]
+            cells.append(f"  {r['bytes_per_request'] / GIB:>{width - 11}.4f}  {r['max_concurrency']:>9,}")
+        lines.append(f"{length:>12,}" + "".join(cells))
+    return "\n".join(lines)
