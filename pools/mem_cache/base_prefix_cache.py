@@ -25,45 +25,72 @@ class BasePrefixCache:
     # ---------------------------------------------------------------- what every tree implements
     # Abstract: each is overridden by every tree poolsim builds (RadixCache, MambaRadixCache, SWARadixCache,
     # DisabledRadixCache; tests/pools/test_radix_cache.py checks it). Declared here, and only those the scheduler
-    # calls, so its typed calls compile to direct ones.
+    # calls, so its typed calls compile to direct ones. Each docstring says what the call changes. A node (or
+    # lock) a call returns stays valid only while it is locked: an unlocked node may be evicted, and a split may
+    # replace it, by any later call that changes the tree.
     def reset(self) -> None:
+        """Changes: everything. Drops every node (their slots are not freed: the pools are reset beside it) and
+        zeroes the sizes; only the root remains, locked."""
         raise NotImplementedError
 
     def supports_prefix_sharing(self) -> bool:
+        """Changes nothing. False for the disabled cache: it matches nothing and keeps nothing."""
         raise NotImplementedError
 
     def match_prefix(self, key, **kwargs) -> Any:
+        """Changes the tree's shape and recency, never its slots: the longest cached page-aligned prefix of
+        ``key``, splitting the node it ends inside and stamping the path as recently used. Locks nothing.
+        Returns a ``MatchResult``: the matched slots (``device_indices``) and the last matched node; lock that node
+        before allocating anything, or an eviction may free the slots just matched."""
         raise NotImplementedError
 
     def evict_for_alloc(self, num_tokens: int) -> int:
+        """Changes the tree and the allocator: frees unlocked leaves in LRU order until ``num_tokens`` slots are
+        back in the allocator (or nothing unlocked is left). Returns the tokens freed. Locked paths are untouched."""
         raise NotImplementedError
 
     def evictable_size(self) -> int:
+        """Changes nothing. Slots held by unlocked nodes: what an eviction could free now."""
         raise NotImplementedError
 
     def full_evictable_size(self) -> int:
+        """Changes nothing. The full-attention pool's part of ``evictable_size`` (hybrid trees count more pools)."""
         raise NotImplementedError
 
     def protected_size(self) -> int:
+        """Changes nothing. Slots held by locked nodes (on a running request's path)."""
         raise NotImplementedError
 
     def lock(self, node) -> Any:
+        """Changes lock counts only: locks ``node`` and its path to the root, moving their slots from evictable to
+        protected. Returns the handle ``unlock`` takes (a node; the SWA tree's is a pair)."""
         raise NotImplementedError
 
     def unlock(self, lock) -> None:
+        """Changes lock counts only: undoes one ``lock``; a path whose count drops to zero becomes evictable.
+        ``None`` is a no-op."""
         raise NotImplementedError
 
     def path_device_indices(self, node) -> np.ndarray:
+        """Changes nothing. The slots on the root path of ``node``, in token order (safe while it is locked)."""
         raise NotImplementedError
 
     def checkpoint(self, req, up_to: int) -> None:
+        """Changes the tree, the request's row and the allocator: inserts the request's tokens ``[0, up_to)``
+        (the slots it holds there that the tree already had are freed), points its row at the tree's slots and
+        moves its lock to the node the insert ended on. ``req`` must hold a lock from an earlier match or
+        checkpoint."""
         raise NotImplementedError
 
     def check_integrity(self) -> None:
+        """Changes nothing. Raises ``PoolError`` when the sizes or the evictable-leaf set disagree with a full walk
+        of the tree (``run --check`` calls it after every step)."""
         raise NotImplementedError
 
     def touch_prefix(self, make_key, hint=None) -> Any:
-        """Only on a tree that shares prefixes (the waiting-queue refresh skips a disabled one)."""
+        """Changes what ``match_prefix(make_key())`` changes (splits, recency) and nothing else, for the
+        waiting-queue refresh; returns a hint that makes the next call with the same key cheaper. Only on a tree
+        that shares prefixes (the refresh skips a disabled one)."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- hybrid trees only (after supports_*())

@@ -213,3 +213,34 @@ def test_float32_config_runs_in_float16_and_rope_factor_scales_context(tmp_path)
 def test_unknown_model_name_lists_the_catalog():
     with pytest.raises(ValueError, match=r"--model 'llama-9' is neither a config\.json nor a catalog name; known: "):
         ModelConfig.load("llama-9")
+
+
+def test_the_family_registry_names_each_family_class_and_imports_it_only_when_asked():
+    import importlib
+    import pkgutil
+    import subprocess
+    import sys
+
+    from poolsim.pools.model import families
+    from poolsim.pools.model.families.base import Family
+
+    named = set()
+    for arch in families.supported_architectures():
+        cls = families.family_for(arch)
+        assert isinstance(cls, type) and issubclass(cls, Family), arch
+        named.add(cls)
+    assert families.family_for("NoSuchForCausalLM") is None
+    # every concrete family class in the package is reachable from the table (none left unregistered)
+    for info in pkgutil.iter_modules(families.__path__):
+        module = importlib.import_module(f"{families.__name__}.{info.name}")
+        for obj in vars(module).values():
+            if (isinstance(obj, type) and issubclass(obj, Family) and obj.__module__ == module.__name__
+                    and obj.__name__ not in ("Family", "PlainDecoder") and not obj.__name__.startswith("_")):
+                assert obj in named, f"{obj.__name__} is not in ARCHITECTURES"
+    # loading the config module does not import the families; parsing a Llama config imports llama.py alone
+    probe = ("import sys\nfrom poolsim.pools.model.config import ModelConfig\n"
+             "before = sorted(m for m in sys.modules if '.families.' in m)\n"
+             "ModelConfig.load('llama-3.1-8b')\n"
+             "after = sorted(m for m in sys.modules if '.families.' in m)\nprint(before, after)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] ['poolsim.pools.model.families.base', 'poolsim.pools.model.families.llama']"

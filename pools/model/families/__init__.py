@@ -1,27 +1,59 @@
 """Architecture families: each module parses one family's config.json into the common ``ModelConfig``.
 
-A family registers the architecture names it reads (``architectures[0]`` of the config), the way SGLang
-keeps one model override per family (``arg_groups/model_overrides/``). Adding an architecture is adding
-one module here and importing it below.
+``ARCHITECTURES`` maps the architecture names SGLang dispatches on (``architectures[0]`` of the config) to the
+family class that reads them, the way SGLang keeps one model override per family
+(``arg_groups/model_overrides/``). A family's module is imported when a config of its architecture is parsed, so
+``model/config.py`` and the families never import each other at load time. Adding an architecture is adding one
+module here and its names below.
 """
 
 from __future__ import annotations
 
-from poolsim.pools.model.config import ModelConfig
-from poolsim.pools.model.families.base import Family
+import importlib
+from typing import TYPE_CHECKING
 
-FAMILIES: dict[str, type[Family]] = {}
+if TYPE_CHECKING:
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.model.families.base import Family
 
-
-def register(cls: type[Family]) -> type[Family]:
-    for arch in cls.architectures:
-        assert arch not in FAMILIES, f"{arch} registered twice"
-        FAMILIES[arch] = cls
-    return cls
+ARCHITECTURES = {  # architectures[0] -> "module:Class" in this package
+    "DeepseekV2ForCausalLM": "deepseek:DeepseekV2",
+    "DeepseekV3ForCausalLM": "deepseek:DeepseekV2",
+    "DeepseekV32ForCausalLM": "deepseek:DeepseekV2",
+    "Glm4MoeLiteForCausalLM": "deepseek:DeepseekV2",
+    "GraniteMoeHybridForCausalLM": "granite_moe_hybrid:GraniteMoeHybrid",
+    "Grok1ForCausalLM": "grok:Grok1",
+    "KimiLinearForCausalLM": "kimi_linear:KimiLinear",
+    "Lfm2ForCausalLM": "lfm2:Lfm2",
+    "LlamaForCausalLM": "llama:DenseDecoder",
+    "MistralForCausalLM": "llama:DenseDecoder",
+    "Qwen2ForCausalLM": "llama:DenseDecoder",
+    "Qwen3ForCausalLM": "llama:DenseDecoder",
+    "NemotronHForCausalLM": "nemotron_h:NemotronH",
+    "Qwen3NextForCausalLM": "qwen3_next:Qwen3Next",
+    "Qwen3_5ForCausalLM": "qwen3_next:Qwen3Next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_next:Qwen3Next",
+    "Qwen3_5MoeForCausalLM": "qwen3_next:Qwen3Next",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_next:Qwen3Next",
+    "Qwen3MoeForCausalLM": "qwen_moe:Qwen3Moe",
+    "Gemma3ForCausalLM": "sliding_window:Gemma3",
+    "Gemma3ForConditionalGeneration": "sliding_window:Gemma3",
+    "GptOssForCausalLM": "sliding_window:GptOss",
+    "MiMoV2FlashForCausalLM": "sliding_window:MiMoV2",
+}
 
 
 def supported_architectures() -> tuple[str, ...]:
-    return tuple(sorted(FAMILIES))
+    return tuple(sorted(ARCHITECTURES))
+
+
+def family_for(arch: str) -> type[Family] | None:
+    """The family class that reads ``arch`` (its module imported now), or None for an architecture not listed."""
+    entry = ARCHITECTURES.get(arch)
+    if entry is None:
+        return None
+    module, cls = entry.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
 def parse(cfg: dict, source: str, name: str) -> ModelConfig:
@@ -29,24 +61,9 @@ def parse(cfg: dict, source: str, name: str) -> ModelConfig:
     if not archs or not isinstance(archs, list) or not isinstance(archs[0], str):
         raise ValueError(f"{source}: missing field 'architectures'")
     arch = archs[0]
-    family = FAMILIES.get(arch)
+    family = family_for(arch)
     if family is None:
         from poolsim.pools.model.families.plain_decoder import PlainDecoder
 
         family = PlainDecoder.fallback_for(cfg, source, arch, supported_architectures())
     return family(cfg, source, arch).parse(name)
-
-
-# NOTE: imported for their @register side effect, after FAMILIES exists.
-from poolsim.pools.model.families import (  # noqa: E402,F401
-    deepseek,
-    granite_moe_hybrid,
-    grok,
-    kimi_linear,
-    lfm2,
-    llama,
-    nemotron_h,
-    qwen3_next,
-    qwen_moe,
-    sliding_window,
-)

@@ -1,8 +1,8 @@
 """What every architecture family reads the same way from a config.json (``configs/model_config.py``).
 
-A family subclasses ``Family``, lists its ``architectures`` and implements ``parse_layers`` (layer kinds,
-attention geometry, MoE, linear-attention state); the common fields (hidden size, vocabulary, context
-length, dtype, quantization) come from here. Every missing or malformed field is a one-line ValueError
+A family subclasses ``Family`` (``ARCHITECTURES`` in ``__init__.py`` names the architectures it reads) and
+implements ``parse_layers`` (layer kinds, attention geometry, MoE, linear-attention state); the common fields
+(hidden size, vocabulary, context length, dtype, quantization) come from here. Every missing or malformed field is a one-line ValueError
 that names the file and the field.
 """
 
@@ -21,7 +21,6 @@ QUANT_METHODS = ("fp8", "mxfp4")
 
 
 class Family(ABC):
-    architectures: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # assumptions a plan prints (the plain-decoder fallback)
 
     def __init__(self, cfg: dict, source: str, arch: str):

@@ -7,14 +7,10 @@ the index-key cache its pool keeps beside the latent KV.
 from __future__ import annotations
 
 from poolsim.pools.model.config import DSASpec, MoESpec, WeightTensor
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class DeepseekV2(Family):
-    architectures = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
-                     "Glm4MoeLiteForCausalLM")
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

@@ -7,15 +7,12 @@ Every layer is a Mamba2 or an attention mixer per ``layer_types``, followed by r
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec, MoESpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 _KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
 
 
-@register
 class GraniteMoeHybrid(Family):
-    architectures = ("GraniteMoeHybridForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, MoESpec, WeightTensor
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class Grok1(Family):
-    architectures = ("Grok1ForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

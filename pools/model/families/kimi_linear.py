@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec, MoESpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class KimiLinear(Family):
-    architectures = ("KimiLinearForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

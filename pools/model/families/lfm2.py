@@ -7,13 +7,10 @@ with ``state_size`` 0 (``Lfm2Config.mamba2_cache_params``), so the temporal stat
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class Lfm2(Family):
-    architectures = ("Lfm2ForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

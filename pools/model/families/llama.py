@@ -7,13 +7,10 @@ on) is off SGLang's hybrid-SWA allowlist: one ordinary pool, every layer sized a
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, SWASpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class DenseDecoder(Family):
-    architectures = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec, MoESpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class NemotronH(Family):
-    architectures = ("NemotronHForCausalLM",)
 
     def num_layers(self) -> int:
         return 0  # NemotronHConfig.num_hidden_layers is len(layers_block_type) (configs/nemotron_h.py:441)

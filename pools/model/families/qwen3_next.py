@@ -8,15 +8,11 @@ so both size their layers by ``full_attention_interval`` (``Qwen3NextConfig.laye
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec, MoESpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 from poolsim.pools.model.families.vision import qwen3_vl_vision_tensors
 
 
-@register
 class Qwen3Next(Family):
-    architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 
     def __init__(self, cfg: dict, source: str, arch: str):
         super().__init__(cfg, source, arch)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from poolsim.pools.model.config import MoESpec
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
-@register
 class Qwen3Moe(Family):
-    architectures = ("Qwen3MoeForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()

@@ -10,7 +10,6 @@ sized as full.
 from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, MoESpec, SWASpec, WeightTensor
-from poolsim.pools.model.families import register
 from poolsim.pools.model.families.base import Family
 
 
@@ -18,9 +17,7 @@ def _window_layers(windowed: list[bool], window: int, mlp: list[str]) -> tuple[L
     return tuple(LayerSpec("attention", m, window if w else 0) for w, m in zip(windowed, mlp))
 
 
-@register
 class GptOss(Family):
-    architectures = ("GptOssForCausalLM",)
 
     def parse_layers(self) -> dict:
         n = self.num_layers()
@@ -45,9 +42,7 @@ class GptOss(Family):
                     swa=SWASpec(attn["num_key_value_heads"], attn["head_dim"], attn["v_head_dim"], hybrid_pool=True))
 
 
-@register
 class MiMoV2(Family):
-    architectures = ("MiMoV2FlashForCausalLM",)
     notes = ("MiMo-V2: weight bytes count attention, experts and norms only (no attention-sink or MTP tensors)",)
 
     def parse_layers(self) -> dict:
@@ -70,9 +65,7 @@ class MiMoV2(Family):
                     intermediate_size=self.need_int("intermediate_size"), moe=moe, swa=swa)
 
 
-@register
 class Gemma3(Family):
-    architectures = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
     notes = ("Gemma 3: the sliding window is not used for sizing (SGLang 0.5.23 disables hybrid SWA memory for "
              "Gemma 2/3); the vision tower's weights are not counted",)
     # Gemma3TextConfig defaults for fields a checkpoint may leave out (transformers configuration_gemma3.py)
