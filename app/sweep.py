@@ -11,13 +11,14 @@ Configurations run in a local process pool, or as Ray tasks (``ray=``; the ``ray
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
 
+from poolsim.app.signals import worker_init
 from poolsim.pools.sizing.server_args import ServerArgs
 
 # Flags a grid may vary besides ServerArgs fields.
@@ -124,13 +125,19 @@ def _run_local(jobs: list[tuple], workers: int | None, progress) -> list[dict]:
             if progress:
                 progress(i + 1, len(jobs))
         return rows
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
-        for done, future in enumerate(as_completed(futures), 1):  # progress as each finishes, rows in grid order
-            rows[futures[future]] = future.result()
+    # The parent owns its pool: leaving the block for any reason (Ctrl-C, SIGTERM/SIGHUP through app/signals.py,
+    # an error) terminates the workers instead of waiting for their running jobs.
+    with multiprocessing.Pool(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+        results = pool.imap_unordered(_run_indexed, enumerate(jobs))
+        for done, (i, row) in enumerate(results, 1):  # progress as each finishes, rows in grid order
+            rows[i] = row
             if progress:
                 progress(done, len(jobs))
     return rows
+
+
+def _run_indexed(item: tuple[int, tuple]) -> tuple[int, dict]:
+    return item[0], _run_one(item[1])
 
 
 def _run_on_ray(jobs: list[tuple], address: str | None, progress) -> list[dict]:
@@ -151,11 +158,16 @@ def _run_on_ray(jobs: list[tuple], address: str | None, progress) -> list[dict]:
         task = ray.remote(_run_one_shipped)
         pending = {task.remote(blob, path.name, job[1:]): i for i, job in enumerate(jobs)}
         rows: list[dict | None] = [None] * len(jobs)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            rows[pending.pop(ready[0])] = ray.get(ready[0])
-            if progress:
-                progress(len(jobs) - len(pending), len(jobs))
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                rows[pending.pop(ready[0])] = ray.get(ready[0])
+                if progress:
+                    progress(len(jobs) - len(pending), len(jobs))
+        except BaseException:  # interrupted (or a task failed): the tasks still queued or running are cancelled
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
         return rows
     finally:
         if started:

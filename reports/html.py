@@ -91,8 +91,33 @@ def load_run(run_dir: str | Path) -> Run:
     for key in ("verdict", "pools.kv.capacity", "pools.rows.capacity"):
         if get_path(summary, key) is None:
             raise ReportError(f"{d / 'summary.json'}: missing {key}")
+    for name, path, df, text in (("steps", tables["steps"], steps, STEP_TEXT_COLUMNS),
+                                 ("requests", tables["requests"], requests, REQUEST_TEXT_COLUMNS)):
+        _require_numbers(path, df, [c for c in df.columns if c not in text])
+        expected = summary.get(name)
+        if isinstance(expected, int) and expected != len(df):
+            raise ReportError(f"{path}: {len(df):,} rows, but summary.json counts {expected:,} {name}: the file is "
+                              "cut short or belongs to another run")
     requests["aborted"] = requests["aborted"].astype(str).str.lower().isin(["true", "1"])
     return Run(d, steps, requests, summary, run)
+
+
+# Columns that hold text; every other saved column is a number (NaN where a value does not apply).
+STEP_TEXT_COLUMNS = frozenset({"kind"})
+REQUEST_TEXT_COLUMNS = frozenset({"admission_steps", "cached_tokens", "aborted", "finished_reason", "abort_cause"})
+
+
+def _require_numbers(path: Path, df: pd.DataFrame, columns) -> None:
+    """One line naming the file, line (row for Parquet) and column of the first value that is not a number."""
+    for column in columns:
+        values = df[column]
+        if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            continue
+        bad = values.notna() & pd.to_numeric(values, errors="coerce").isna()
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            where = f"line {i + 2}" if path.suffix == ".csv" else f"row {i + 1}"  # CSV: the header is line 1
+            raise ReportError(f"{path}: {where}: column {column!r}: {values.iloc[i]!r} is not a number")
 
 
 def _require_columns(path: Path, df: pd.DataFrame, columns) -> None:

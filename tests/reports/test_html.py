@@ -213,3 +213,24 @@ def test_the_deciding_numbers_stand_next_to_the_verdict(run_dirs, tmp_path):
     assert "Deciding numbers:" in box and 'href="#m-summary-queue_wait_s-p50"' in box
     assert f"{summary['backlog_at_last_arrival']} of {summary['requests']}" in box
     assert summary["verdict_failures"] == "cannot_keep_up"
+
+
+def test_a_garbage_value_or_a_cut_table_is_a_one_line_error_naming_file_and_line(run_dirs, tmp_path):
+    run_dir = copy_run(run_dirs, "fits", tmp_path)
+    path = run_dir / "requests.csv"
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    row = lines[3].split(",")  # the file's line 4: the third request
+    row[header.index("output_len")] = "garbage"
+    lines[3] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    assert one_line_error(render_report, run_dir) == f"{path}: line 4: column 'output_len': 'garbage' is not a number"
+
+    run_dir = copy_run(run_dirs, "fits", tmp_path / "cut")
+    steps = (run_dir / "steps.csv").read_text().splitlines()
+    n = json.loads((run_dir / "summary.json").read_text())["steps"]
+    assert len(steps) == n + 1 > 3
+    (run_dir / "steps.csv").write_text("\n".join(steps[:3]) + "\n")
+    assert one_line_error(render_report, run_dir) == (
+        f"{run_dir / 'steps.csv'}: 2 rows, but summary.json counts {n:,} steps: the file is cut short or belongs to "
+        "another run")
