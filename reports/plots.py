@@ -597,3 +597,34 @@ def plot_frontier(sweep: pd.DataFrame, slo_s: float | None = None, cost_unit: st
         if slo_s is not None:
             ax2.axvline(slo_s, color=COLORS["retraction"], ls="--", lw=1)
     return fig
+
+
+def plot_capacity(points: list[dict], slo_p99_s: float, slo_on: str, capacity_scale: float | None) -> Figure:
+    """``poolsim capacity``: p99 latency (the SLO's metric) and sustained throughput against the load scale, each
+    point a whole simulation; holding points filled, failing ones hollow; the SLO and the capacity marked."""
+    fig = _figure(5.0)
+    lat, thr = fig.subplots(2, 1, sharex=True)
+    pts = sorted(points, key=lambda p: p["scale"])
+    xs = np.array([p["scale"] for p in pts], dtype=float)
+    held = np.array([p["holds"] for p in pts], dtype=bool)
+    p99 = np.array([np.nan if p["p99_s"] is None else p["p99_s"] for p in pts], dtype=float)
+    tok = np.array([p["output_tok_s"] for p in pts], dtype=float)
+    for ax, ys, label in ((lat, p99, f"p99 {slo_on} latency (s)"), (thr, tok, "output tokens/s")):
+        ax.plot(xs, ys, color=COLORS["running"], lw=1)
+        ax.scatter(xs[held], ys[held], color=COLORS["running"], zorder=3, label="holds")
+        ax.scatter(xs[~held], ys[~held], facecolors="white", edgecolors=COLORS["retraction"], zorder=3,
+                   label="does not hold")
+        ax.set_ylabel(label)
+        if capacity_scale is not None:
+            ax.axvline(capacity_scale, color="#555555", ls="--", lw=1)
+    lat.axhline(slo_p99_s, color=COLORS["retraction"], ls=":", lw=1, label=f"SLO {units.seconds(slo_p99_s)}")
+    lat.set_ylim(bottom=0)
+    thr.set_ylim(bottom=0)  # from zero: a flat plateau reads as flat, not as spread
+    thr.set_xscale("log", base=2)
+    thr.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    thr.set_xlabel("arrival rate scale (the trace's gaps divided by x)")
+    title = "capacity: " + (f"{capacity_scale:.3g}x the trace's rate" if capacity_scale is not None
+                            else "no load tried holds")
+    lat.set_title(title)
+    _legend_right(lat)
+    return fig
