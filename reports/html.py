@@ -218,7 +218,14 @@ def _write_csv(path: Path, header: list[str], rows) -> None:
 
 
 def _title(run: dict, fallback: str) -> str:
-    parts = [str(run[k]) for k in ("model", "gpu") if run.get(k)]
+    """``llama-3.1-70b on 8x H100 80GB SXM (tp 8)``: the model, the whole server's GPUs and its parallelism."""
+    flags = run.get("server_args") if isinstance(run.get("server_args"), dict) else {}
+    tp, dp = flags.get("tp_size") or 1, flags.get("dp_size") or 1
+    gpu = run.get("gpu")
+    if gpu and isinstance(tp, int) and isinstance(dp, int):
+        layout = ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("dp", dp)) if v > 1)
+        gpu = (f"{tp * dp}x " if tp * dp > 1 else "") + str(gpu) + (f" ({layout})" if layout else "")
+    parts = [str(x) for x in (run.get("model"), gpu) if x]
     return " on ".join(parts) if parts else fallback
 
 

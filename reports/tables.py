@@ -185,13 +185,28 @@ def configuration(run: dict) -> dict:
     trace = run.get("trace") if isinstance(run.get("trace"), dict) else {}
     general += [_config_row(f"trace.{k}", f"trace {k.removesuffix('_s')}", trace[k]) for k in trace]
     flags = run.get("server_args") if isinstance(run.get("server_args"), dict) else {}
-    flag_rows = [{"flag": "--" + k.replace("_", "-"), "value": _value_text(k, v)} for k, v in flags.items()]
-    plan = flatten(run["memory_plan"]) if isinstance(run.get("memory_plan"), dict) else {}
-    plan_rows = [_config_row(f"memory_plan.{k}", k, v) for k, v in plan.items()]
+    raw_plan = run.get("memory_plan") if isinstance(run.get("memory_plan"), dict) else {}
+    flag_rows = [{"flag": "--" + k.replace("_", "-"), "value": _value_text(k, v)} for k, v in flags.items()
+                 if _flag_applies(k, raw_plan)]
+    plan = flatten(raw_plan)
+    # a plan field that does not apply to the model (no SWA pool, no mamba state) is None: not shown
+    plan_rows = [_config_row(f"memory_plan.{k}", k, v) for k, v in plan.items() if v is not None and v != []]
     known = {"model", "gpu", "poolsim_version", "seed", "step_time_model", "trace", "server_args", "memory_plan",
              "hybrid_compare"}
     other = [_config_row(k, k, v) for k, v in run.items() if k not in known]
     return {"general": general, "flags": flag_rows, "plan": plan_rows, "other": other}
+
+
+def _flag_applies(flag: str, plan: dict) -> bool:
+    """Whether a server flag can matter for the planned model: the mamba flags need mamba state, the SWA ratio an
+    SWA pool (with no plan recorded, every flag is shown)."""
+    if not plan:
+        return True
+    if flag.startswith("mamba_") or flag == "max_mamba_cache_size":
+        return plan.get("mamba") is not None
+    if flag == "swa_full_tokens_ratio":
+        return plan.get("swa_pool") is not None or plan.get("sliding_window") is not None
+    return True
 
 
 SUMMARY_GROUPS = (

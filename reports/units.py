@@ -64,9 +64,14 @@ def seconds(s) -> str:
 
 
 def percent(frac) -> str:
-    """A fraction as a percentage with one decimal: 0.1234 -> 12.3%."""
+    """A fraction as a percentage with one decimal: 0.1234 -> 12.3%; never a rounded 0 or 100 for a value that is
+    not: 0.0004 -> <0.1%, 0.9996 -> >99.9%."""
     if _missing(frac):
         return DASH
+    if 0 < frac < 0.0005:
+        return "<0.1%"
+    if 0.9995 <= frac < 1:
+        return ">99.9%"
     return f"{100 * frac:.1f}%"
 
 

@@ -45,11 +45,11 @@ def test_report_is_self_contained_and_embeds_every_png(run_dirs, tmp_path):
     assert f'href="../../{run_dirs["retracts"].parent.name}/retracts/steps.csv"' in page
 
 
-def test_page_opens_with_the_verdict_then_configuration_figures_tables_definitions(run_dirs, tmp_path):
+def test_page_opens_with_the_verdict_then_figures_tables_configuration_definitions(run_dirs, tmp_path):
     summary = json.loads((run_dirs["retracts"] / "summary.json").read_text())
     page = render_report(run_dirs["retracts"], tmp_path).read_text()
-    order = [page.index(s) for s in (html.escape(summary["verdict"]), 'id="configuration"', 'id="figures"',
-                                     'id="tables"', 'id="definitions"')]
+    order = [page.index(s) for s in (html.escape(summary["verdict"]), 'id="figures"', 'id="tables"',
+                                     'id="configuration"', 'id="definitions"')]
     assert order == sorted(order)
     assert '<span class="badge does-not-fit">DOES NOT FIT</span>' in page  # it retracts and falls behind
     assert "Binding pool</a>: KV tokens ran out first, at t = 10.4 s." in page
@@ -234,3 +234,23 @@ def test_a_garbage_value_or_a_cut_table_is_a_one_line_error_naming_file_and_line
     assert one_line_error(render_report, run_dir) == (
         f"{run_dir / 'steps.csv'}: 2 rows, but summary.json counts {n:,} steps: the file is cut short or belongs to "
         "another run")
+
+
+def test_the_title_names_the_gpu_count_and_parallelism_and_only_flags_that_apply(run_dirs, tmp_path):
+    from poolsim.reports.html import _title
+    from poolsim.reports.tables import configuration
+
+    run = {"model": "llama-3.1-70b", "gpu": "H100 80GB SXM", "server_args": {"tp_size": 8, "dp_size": 1}}
+    assert _title(run, "x") == "llama-3.1-70b on 8x H100 80GB SXM (tp 8)"
+    run["server_args"] = {"tp_size": 2, "dp_size": 4}
+    assert _title(run, "x") == "llama-3.1-70b on 8x H100 80GB SXM (tp 2, dp 4)"
+    run["server_args"] = {"tp_size": 1, "dp_size": 1}
+    assert _title(run, "x") == "llama-3.1-70b on H100 80GB SXM"
+    dense = {"server_args": {"tp_size": 1, "mamba_track_interval": 256, "swa_full_tokens_ratio": 0.8},
+             "memory_plan": {"mamba": None, "swa_pool": None, "sliding_window": None, "kv_size_gib": None,
+                             "max_total_num_tokens": 1000}}
+    c = configuration(dense)
+    assert [f["flag"] for f in c["flags"]] == ["--tp-size"]
+    assert [r["raw"] for r in c["plan"]] == ["1000"]  # the None fields (no SWA, no mamba, no MLA) are not rows
+    hybrid = {**dense, "memory_plan": {**dense["memory_plan"], "mamba": {"max_mamba_cache_size": 10}}}
+    assert [f["flag"] for f in configuration(hybrid)["flags"]] == ["--tp-size", "--mamba-track-interval"]

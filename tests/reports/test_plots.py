@@ -212,3 +212,23 @@ def test_frontier_legend_names_only_what_is_drawn():
     ax = plots.plot_frontier(two).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["frontier"]
     assert ax.get_lines()[0].get_xdata().tolist() == [1.0, 2.0]
+
+
+def test_close_throughputs_are_drawn_from_zero_and_spread_ones_are_not():
+    close = pd.DataFrame({"label": ["a", "b", "c"], "throughput_tok_s": [142.1, 142.5, 142.9],
+                          "p99_latency_s": [1.0, 3.0, 6.0]})
+    ax = plots.plot_frontier(close).axes[0]
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 142.9  # a 0.5 % difference stays a 0.5 % difference
+    assert ax.get_xlim()[0] < 1.0 and ax.get_xlim()[0] != 0  # latencies 1-6 s are a real spread: autoscaled
+    spread = close.assign(throughput_tok_s=[50.0, 100.0, 200.0])
+    assert plots.plot_frontier(spread).axes[0].get_ylim()[0] > 0
+
+
+def test_the_queue_draws_running_and_waiting_on_their_own_axes():
+    n = 200
+    steps = pd.DataFrame({"time_s": np.linspace(0, 10, n), "duration_s": 0.05, "replica": 0,
+                          "running": 200, "waiting": np.linspace(0, 250_000, n).astype(int)})
+    fig = plots.plot_queue(steps, 256)
+    run_ax, wait_ax = fig.axes[:2]
+    assert run_ax.get_ylim()[1] < 1_000  # 200 running requests fill their axis, not 0.1 % of a 250k one
+    assert wait_ax.get_ylim()[1] >= 250_000

@@ -36,6 +36,7 @@ def test_seconds(value, text):
 
 @pytest.mark.parametrize("value, text", [
     (0, "0.0%"), (0.1234, "12.3%"), (0.0005, "0.1%"), (1, "100.0%"), (0.5449, "54.5%"), (None, "–"),
+    (0.0004, "<0.1%"), (0.9996, ">99.9%"), (0.9994, "99.9%"),
 ])
 def test_percent(value, text):
     assert units.percent(value) == text

@@ -1,7 +1,6 @@
 """SIGTERM and SIGHUP stop `run` and `sweep` as Ctrl-C does: hidden folders and locks removed, workers terminated,
 one line saying what was kept, exit 128 + the signal. Real processes, real signals."""
 
-import os
 import signal
 import subprocess
 import sys
