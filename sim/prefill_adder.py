@@ -1,4 +1,4 @@
-"""Prefill admission (SGLang's ``PrefillAdder`` with the fixed-pool ``PrefillBudget``; SGLANG_SPEC.md 6.2).
+"""Prefill admission (SGLang's ``PrefillAdder`` with the fixed-pool ``PrefillBudget``; docs/sglang.md 6.2).
 
     avail      = available + evictable            (mamba trees: FULL evictable only)
     rem_total  = avail - total_offset             total_offset: running requests' min(remaining, 4096) x ratio

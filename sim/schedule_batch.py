@@ -2,7 +2,7 @@
 
 Allocation happens when a batch is prepared (``prepare_for_extend``/``prepare_for_decode``);
 ``check_decode_mem`` evicts the shortfall before answering; ``retract_decode`` frees requests
-until the next decode step fits (SGLANG_SPEC.md 6.4).
+until the next decode step fits (docs/sglang.md 6.4).
 """
 
 from __future__ import annotations

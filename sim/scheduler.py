@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's scheduler, one forward step at a time (SGLANG_SPEC.md section 6).
+"""SGLang 0.5.23's scheduler, one forward step at a time (docs/sglang.md section 6).
 
 A step: ``get_next_batch_to_run`` (merge the last prefill into the running batch, publish the chunked
 request's last chunk, try a prefill batch, otherwise ``update_running_batch``: check decode memory,

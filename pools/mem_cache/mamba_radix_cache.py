@@ -1,5 +1,5 @@
 """The radix cache of hybrid linear-attention models: ``UnifiedRadixCache`` with FULL + MAMBA components
-(SGLANG_SPEC.md 7.5; ``unified_cache/components/mamba.py``).
+(docs/sglang.md 7.5; ``unified_cache/components/mamba.py``).
 
 What the mamba component adds to the FULL tree:
 - a node may hold one state slot: the recurrent state after the node's last token;

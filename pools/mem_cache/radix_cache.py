@@ -1,6 +1,6 @@
 """The radix prefix cache: SGLang 0.5.23's ``UnifiedRadixCache`` with its FULL component.
 
-Semantics (SGLANG_SPEC.md sections 4 and 5, checked against ``unified_cache/unified_tree_core.py``):
+Semantics (docs/sglang.md sections 4 and 5, checked against ``unified_cache/unified_tree_core.py``):
 - keys are page-aligned before every match and insert; the unaligned tail never enters the tree;
 - a match or insert that ends inside a node splits it; the new parent copies the child's lock;
 - recency is a logical clock: a node gets ``t = counter++`` when created, touched by an insert walk

@@ -1,4 +1,4 @@
-"""Token->KV allocators against index lists derived by hand from SGLANG_SPEC.md section 2."""
+"""Token->KV allocators against index lists derived by hand from docs/sglang.md section 2."""
 
 import pytest
 

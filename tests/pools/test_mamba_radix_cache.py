@@ -1,4 +1,4 @@
-"""The mamba side of the unified tree (SGLANG_SPEC.md 7.5), hand-derived scenarios."""
+"""The mamba side of the unified tree (docs/sglang.md 7.5), hand-derived scenarios."""
 
 import pytest
 

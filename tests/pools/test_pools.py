@@ -1,4 +1,4 @@
-"""Request rows, mamba slots and KV storage sizes, from SGLANG_SPEC.md sections 1, 2.4, 3 and 7."""
+"""Request rows, mamba slots and KV storage sizes, from docs/sglang.md sections 1, 2.4, 3 and 7."""
 
 import pytest
 
@@ -113,7 +113,7 @@ def test_mamba_slot_ids_one_at_a_time_and_the_frees_refused(device):
 
 
 def test_kimi_linear_state_bytes_per_slot():
-    # SGLANG_SPEC.md 7.3: conv 3 x 12288 bf16 + temporal 32 x 128 x 128 fp32 per layer, 20 KDA layers
+    # docs/sglang.md 7.3: conv 3 x 12288 bf16 + temporal 32 x 128 x 128 fp32 per layer, 20 KDA layers
     assert kimi_params().shape.conv == [(3, 12288)]
     assert kimi_params().shape.temporal == (32, 128, 128)
     assert kimi_params(tp=1).mamba_cache_per_req == 43_417_600

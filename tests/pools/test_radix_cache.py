@@ -1,4 +1,4 @@
-"""RadixCache and the request lifecycle, with expected numbers derived by hand from SGLANG_SPEC.md
+"""RadixCache and the request lifecycle, with expected numbers derived by hand from docs/sglang.md
 sections 4, 5 and 10 (the arithmetic is in the comments)."""
 
 import numpy as np
@@ -39,7 +39,7 @@ def finish(tree, req):
     release_kv_cache(req, tree, checkpoint=True)
 
 
-# ---------------------------------------------------------------- SGLANG_SPEC.md section 10, page 1
+# ---------------------------------------------------------------- docs/sglang.md section 10, page 1
 def test_spec_scenario_page1():
     tree, pool, alloc = make_tree(48, 1)
     live = []
@@ -144,7 +144,7 @@ def test_spec_scenario_page4():
 
     # D (30 unrelated tokens): conservative demand 30 + 1 x 4 = 34, shortfall 34 - 28 = 6. LRU: A/C's
     # 4-token leaf first (C touched it before B's leaf was made), then B's: whole nodes go, 8 tokens
-    # for a shortfall of 6 (SGLANG_SPEC.md section 10).
+    # for a shortfall of 6 (docs/sglang.md section 10).
     d = FakeReq(list(range(500, 530)))
     out = admit(tree, pool, d)
     assert tree.num_evicted_tokens == 8

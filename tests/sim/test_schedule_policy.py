@@ -1,4 +1,4 @@
-"""Waiting-queue order (SGLANG_SPEC.md 0.1 and schedule_policy.py): fcfs keeps arrival order, lpm sorts by
+"""Waiting-queue order (docs/sglang.md 0.1 and schedule_policy.py): fcfs keeps arrival order, lpm sorts by
 cached prefix, defers a request whose prefix another waiting request brings, and falls back to fcfs past 128."""
 
 from poolsim.pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator

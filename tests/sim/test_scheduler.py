@@ -1,4 +1,4 @@
-"""Hand-sized scheduler scenarios; every expected value is derived in the comments from SGLANG_SPEC.md 6."""
+"""Hand-sized scheduler scenarios; every expected value is derived in the comments from docs/sglang.md 6."""
 
 import pytest
 

@@ -110,7 +110,7 @@ def test_time_grows_with_work_and_is_deterministic():
 
 def test_kda_state_traffic_counts_per_request():
     c = cost("kimi-linear-48b-a3b", "H200")
-    assert c.state_bytes == 43_417_600  # one request's KDA state (SGLANG_SPEC.md 7.3)
+    assert c.state_bytes == 43_417_600  # one request's KDA state (docs/sglang.md 7.3)
     model = AnalyticStepTime(c, K)
     extra = model(decode_batch([10] * 65)) - model(decode_batch([10] * 64))
     # one more request reads and writes its 41.4 MiB state: >= 2 x 43.4 MB at 75 % of 4.8 TB/s = 24 us

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's sizing, checked against numbers worked out by hand from SGLANG_SPEC.md and the sources.
+"""SGLang 0.5.23's sizing, checked against numbers worked out by hand from docs/sglang.md and the sources.
 
 Logged sizes are compared the way SGLang prints them: f"{bytes / 2**30:.2f}" ("GB" in its logs is GiB).
 """

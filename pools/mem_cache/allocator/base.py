@@ -1,6 +1,6 @@
 """What every token->KV slot allocator shares (SGLang 0.5.23 ``mem_cache/allocator/base.py``).
 
-Index semantics follow SGLang exactly (SGLANG_SPEC.md section 2):
+Index semantics follow SGLang exactly (docs/sglang.md section 2):
 - page size 1: ``free_pages`` starts ``1..size``; ``alloc`` takes from the head; ``free`` appends
   (FIFO) or, under ``need_sort``, goes to ``release_pages`` until an allocation runs short.
 - paged: page ids ``1..size//page_size``; ``free`` prepends the sorted unique page ids (LIFO);
