@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from poolsim.sim.metrics import percentiles
@@ -154,6 +156,7 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
     summary["slo_observed_p99_s"] = summary[f"{slo_on}_s"]["p99"] if meta.get("slo_p99_s") is not None else None
     summary["first_retraction"] = _first_retraction(events[0]) if events else None
+    _require_finite(summary)
     summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)
     return summary
@@ -199,6 +202,15 @@ def _keep_up(steps: pd.DataFrame, requests: pd.DataFrame, done: pd.DataFrame) ->
         "backlog_at_last_arrival": backlog,
         "backlog_frac_at_last_arrival": backlog / n if n else 0.0,
     }
+
+
+def _require_finite(summary: dict) -> None:
+    """A result that is not a number never gets a verdict (a NaN duration would otherwise read 0 req/s, FITS)."""
+    for key in ("duration_s", "throughput_req_s", "output_tok_s"):
+        v = summary[key]
+        if v is None or not math.isfinite(v):
+            raise ValueError(f"the simulation's {key} is {v}: a step time was not a finite number (check the "
+                             "step-time model's inputs: GPU specs, --calibration coefficients)")
 
 
 def judge(summary: dict) -> tuple[str, str]:

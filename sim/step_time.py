@@ -45,6 +45,7 @@ every GPU of that architecture. The same batch always gives the same time.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -252,10 +253,22 @@ class Coefficients:
             raise ValueError(f"{path}: not a poolsim calibration file ({e})") from None
         if unknown:
             raise ValueError(f"{path}: unknown coefficient(s) {', '.join(sorted(unknown))}")
-        bad = [k for k, v in coeffs.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+        bad = [k for k, v in coeffs.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+               or not math.isfinite(v) or v <= 0]
         if bad:
-            raise ValueError(f"{path}: coefficient(s) {', '.join(bad)} must be positive numbers")
+            raise ValueError(f"{path}: coefficient(s) {', '.join(bad)} must be finite positive numbers")
+        # physical ranges, wider than FIT_BOUNDS (a GPU may measure outside what the fit allows): an efficiency is a
+        # fraction of a datasheet peak; every other coefficient is seconds per step, layer or token
+        over = [k for k, v in coeffs.items() if v > 1]
+        if over:
+            k = over[0]
+            what = "a fraction of the datasheet peak, at most 1" if _is_efficiency(k) else "seconds, under 1"
+            raise ValueError(f"{path}: coefficient {k} = {coeffs[k]:g}: must be {what}")
         return replace(Coefficients(), **{k: float(v) for k, v in coeffs.items()})
+
+
+def _is_efficiency(name: str) -> bool:
+    return name.startswith(("hbm_efficiency_", "mfu_")) or name in ("moe_gemm_efficiency", "link_efficiency")
 
 
 def prior_only_note(arch: str | None) -> str:

@@ -192,6 +192,16 @@ def test_calibration_file_replaces_coefficients(tmp_path):
     path.write_text(json.dumps({"coefficients": {"mfu_sm90": True}}))
     with pytest.raises(ValueError, match="positive"):
         Coefficients.from_calibration(path)
+    for text in ('{"coefficients": {"mfu_sm90": NaN}}', '{"coefficients": {"step_overhead_s": Infinity}}'):
+        path.write_text(text)  # Python's json reads both; a run on them would print "duration nan s" and FITS
+        with pytest.raises(ValueError, match=f"{path}: coefficient.*must be finite positive numbers"):
+            Coefficients.from_calibration(path)
+    path.write_text(json.dumps({"coefficients": {"hbm_efficiency_sm90": 1e300}}))
+    with pytest.raises(ValueError, match="hbm_efficiency_sm90 = 1e.300: must be a fraction of the datasheet peak"):
+        Coefficients.from_calibration(path)
+    path.write_text(json.dumps({"coefficients": {"step_overhead_s": 2.0}}))
+    with pytest.raises(ValueError, match="step_overhead_s = 2: must be seconds, under 1"):
+        Coefficients.from_calibration(path)
     path.write_text("not json")
     with pytest.raises(ValueError, match="not a poolsim calibration file"):
         Coefficients.from_calibration(path)

@@ -174,3 +174,13 @@ def test_the_eviction_sentence_splits_by_pool(mamba, swa, sentence):
     summary = {"evicted_tokens": 6000, "first_eviction_s": 2.0, "mamba_evicted_tokens": mamba,
                "first_mamba_eviction_s": 3.0 if mamba else None, "pools": pools}
     assert _eviction_story(summary) == sentence
+
+
+def test_a_result_that_is_not_a_number_gets_no_verdict():
+    from poolsim.reports.summary import _require_finite
+
+    good = {"duration_s": 12.5, "throughput_req_s": 3.0, "output_tok_s": 900.0}
+    _require_finite(good)
+    for key, bad in (("duration_s", float("nan")), ("output_tok_s", float("inf")), ("throughput_req_s", None)):
+        with pytest.raises(ValueError, match=f"the simulation's {key} is {bad}: a step time was not a finite"):
+            _require_finite({**good, key: bad})
