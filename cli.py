@@ -55,66 +55,22 @@ def _fail(error: Exception) -> None:
     raise typer.Exit(2)
 
 
-# SGLang server flags shared by every command that builds a server: name -> (type, typer.Option).
+def _sglang_options() -> dict:
+    """An option per ServerArgs field, from pools.sizing.server_args.SERVER_FLAGS: the field's type and default."""
+    from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
+
+    types, defaults = typing.get_type_hints(ServerArgs), ServerArgs()
+    return {f.field: (types[f.field], typer.Option(getattr(defaults, f.field), *f.names, help=f.help))
+            for f in SERVER_FLAGS}
+
+
+# The server flags shared by every command that builds a server: name -> (type, typer.Option). SGLang's come from
+# ServerArgs; poolsim's own (which model and GPU, a custom GPU, the memory taken before SGLang starts) are here.
 SERVER_OPTIONS = {
     "model": (str, typer.Option(..., "--model", "--model-path",
                                 help="Catalog name (see `poolsim models`) or a config.json path.")),
     "gpu": (Optional[str], typer.Option(None, "--gpu", help="Catalog name (see `poolsim gpus`).")),
-    "tp": (int, typer.Option(1, "--tp", "--tp-size", help="The tensor parallelism size.")),
-    "dp": (int, typer.Option(1, "--dp", "--dp-size", help="Data-parallel replicas (each with tp GPUs).")),
-    "mem_fraction_static": (Optional[float], typer.Option(
-        None, "--mem-fraction-static", help="The fraction of the memory used for static allocation (model "
-        "weights and KV cache memory pool); unset: SGLang's default.")),
-    "page_size": (int, typer.Option(1, "--page-size", help="The number of tokens in a page.")),
-    "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="Data type for kv cache storage: auto "
-                                         "(the model's), bfloat16, fp8_e4m3 or fp8_e5m2.")),
-    "context_length": (Optional[int], typer.Option(None, "--context-length", help="The model's maximum context "
-                                                   "length; unset: the value from config.json.")),
-    "max_running_requests": (Optional[int], typer.Option(None, "--max-running-requests",
-                                                         help="The maximum number of running requests.")),
-    "max_total_tokens": (Optional[int], typer.Option(
-        None, "--max-total-tokens", help="The maximum number of tokens in the memory pool; unset: from the memory "
-        "fraction. Clamped to what fits.")),
-    "max_prefill_tokens": (int, typer.Option(16384, "--max-prefill-tokens",
-                                             help="The maximum number of tokens in a prefill batch.")),
-    "chunked_prefill_size": (Optional[int], typer.Option(
-        None, "--chunked-prefill-size", help="The maximum number of tokens in a chunk for the chunked prefill; "
-        "-1 disables chunking; unset: SGLang's default.")),
-    "schedule_policy": (str, typer.Option("fcfs", "--schedule-policy",
-                                          help="The scheduling policy of the requests: fcfs or lpm.")),
-    "schedule_conservativeness": (float, typer.Option(
-        1.0, "--schedule-conservativeness", help="How conservative the schedule policy is; larger: fewer "
-        "retractions.")),
-    "max_mamba_cache_size": (Optional[int], typer.Option(None, "--max-mamba-cache-size",
-                                                         help="The maximum size of the mamba cache (slots).")),
-    "mamba_ssm_dtype": (Optional[str], typer.Option(
-        None, "--mamba-ssm-dtype", help="The data type of the SSM states: float32, bfloat16 or float16; "
-        "unset: config.json's.")),
-    "mamba_full_memory_ratio": (float, typer.Option(
-        0.9, "--mamba-full-memory-ratio", help="The ratio of mamba state memory to full kv cache memory.")),
-    "mamba_radix_cache_strategy": (str, typer.Option(
-        "auto", "--mamba-radix-cache-strategy", help="The strategy to use for mamba radix cache: auto, no_buffer "
-        "or extra_buffer.")),
-    "mamba_track_interval": (int, typer.Option(256, "--mamba-track-interval", help="The interval to track the "
-                                               "mamba state during decode (extra_buffer).")),
-    "swa_full_tokens_ratio": (float, typer.Option(0.8, "--swa-full-tokens-ratio",
-                                                  help="Hybrid-SWA models: SWA pool tokens per full pool token.")),
-    "attention_backend": (Optional[str], typer.Option(None, "--attention-backend", help="Choose the kernels for "
-                                                      "attention layers; unset: SGLang's default for the GPU.")),
-    "disable_radix_cache": (bool, typer.Option(False, "--disable-radix-cache",
-                                               help="Disable RadixAttention for prefix caching.")),
-    "disable_overlap_schedule": (bool, typer.Option(False, "--disable-overlap-schedule",
-                                                    help="Disable the overlap scheduler (CPU scheduling overlapped "
-                                                         "with the GPU forward).")),
-    "enable_mixed_chunk": (bool, typer.Option(False, "--enable-mixed-chunk", help="Mix prefill and decode in a "
-                                              "batch when using chunked prefill.")),
-    "scheduler_recv_interval": (int, typer.Option(
-        1, "--scheduler-recv-interval", help="The interval to poll requests in scheduler: while decoding, new "
-        "requests are read every N steps.")),
-    "disable_cuda_graph": (bool, typer.Option(False, "--disable-cuda-graph", help="Disable CUDA graphs (frees the "
-                                              "memory their capture reserves).")),
-    "disable_prefill_cuda_graph": (bool, typer.Option(
-        False, "--disable-prefill-cuda-graph", help="Prefill runs eager (as SGLang 0.5.6-0.5.7 did).")),
+    **_sglang_options(),
     "runtime_overhead_gib": (Optional[float], typer.Option(
         None, "--runtime-overhead-gib", help="GPU memory taken before weights load (default 1.22 GiB at tp 1, "
         "3.11 GiB above; from SGLang logs).")),
@@ -146,67 +102,10 @@ def with_server_options(command):
     return wrapper
 
 
-def _server(server: dict):
-    """(ModelConfig, GPUSpec, ServerArgs, runtime_overhead_gib) from the shared flags."""
-    from poolsim.pools.model.config import ModelConfig
-    from poolsim.pools.sizing.server_args import ServerArgs
-
-    s = dict(server)
-    model = ModelConfig.load(s.pop("model"))
-    gpu = _gpu(s.pop("gpu"), s.pop("gpu_memory_gib"), s.pop("gpu_bandwidth_tbs"), s.pop("gpu_bf16_tflops"),
-               s.pop("gpu_fp8_tflops"), s.pop("gpu_arch"))
-    overhead = s.pop("runtime_overhead_gib")
-    s["tp_size"], s["dp_size"] = s.pop("tp"), s.pop("dp")
-    if s["dp_size"] < 1:
-        raise ValueError(f"--dp {s['dp_size']}: must be >= 1")
-    return model, gpu, ServerArgs(**s), overhead
-
-
-def _gpu(name, memory_gib, bandwidth_tbs, bf16_tflops, fp8_tflops, arch):
-    from poolsim.pools.hardware.gpu_catalog import GPUSpec, get_gpu
-
-    if memory_gib is not None:
-        return GPUSpec.custom(name or "custom", memory_gib, bandwidth_tbs or 3.35, bf16_tflops or 989.0,
-                              fp8_tflops, arch or "sm90")
-    if name is None:
-        raise ValueError("--gpu is required (a catalog name, or --gpu-memory-gib for a custom GPU)")
-    return get_gpu(name)
-
-
 def _log_warnings(warnings) -> None:
     """What SGLang logs as warnings for this configuration (e.g. the clamp of --max-total-tokens), on stderr."""
     for w in warnings:
         typer.echo(f"WARNING {w}", err=True)
-
-
-def _compare(model, gpu, args, against, against_tp, overhead, lengths):
-    from poolsim.pools.model.config import ModelConfig
-    from poolsim.pools.sizing.plan import compare_records, crossover_context_len, plan_memory
-
-    plans = {}
-    if model.is_hybrid or model.is_hybrid_swa:
-        plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
-        full = model.with_full_attention()
-        plans[full.name] = plan_memory(full, gpu, args, runtime_overhead_gib=overhead)
-    elif against is None:
-        raise ValueError(f"--compare: {model.name} has no linear-attention or SWA-pool layers; "
-                         "name a second model with --against")
-    else:
-        plans[model.name] = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
-    if against is not None:
-        other = ModelConfig.load(against)
-        other_args = args.replace(tp_size=against_tp or args.tp_size, max_mamba_cache_size=None)
-        try:
-            plans[f"{other.name} (tp {other_args.tp_size})"] = plan_memory(other, gpu, other_args,
-                                                                         runtime_overhead_gib=overhead)
-        except ValueError as e:
-            raise ValueError(f"--against {against}: {e}") from None
-    out = {"records": compare_records(plans, lengths)}
-    if model.is_hybrid:
-        ratio = plans[model.name].mamba_ratio
-        out["crossover_context_len"] = crossover_context_len(model, args)
-        out["crossover_context_len_reserved_slots"] = crossover_context_len(model, args, slots=ratio)
-    return out
 
 
 @app.command()
@@ -224,20 +123,23 @@ def plan(
 ) -> None:
     """How many KV tokens, request rows and state slots SGLang 0.5.23 allocates, and what fits."""
     from poolsim.app.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
+    from poolsim.app.plan import PLAN_COMPARE_CONTEXT_LENS, compare_plans
+    from poolsim.app.server import load_server
     from poolsim.pools.sizing.plan import compare_table, max_concurrency, plan_memory
 
     try:
         if plot is not None:
             check_out_file(plot, force, png_by_poolsim)
         lengths = [int(x) for x in concurrency_at.split(",") if x.strip()]
-        spec, card, args, runtime_overhead_gib = _server(server)
+        spec, card, args, runtime_overhead_gib = load_server(server)
         tp = args.tp_size
         result = plan_memory(spec, card, args, runtime_overhead_gib=runtime_overhead_gib)
         concurrency = max_concurrency(result, lengths)
         comparison = None
         if compare or against or plot:
-            compare_lengths = [2**k for k in range(10, 21)]
-            comparison = _compare(spec, card, args, against, against_tp, runtime_overhead_gib, compare_lengths)
+            comparison = compare_plans(spec, card, args, result, PLAN_COMPARE_CONTEXT_LENS,
+                                       runtime_overhead_gib=runtime_overhead_gib, against=against,
+                                       against_tp=against_tp)
     except ValueError as e:
         _fail(e)
     _log_warnings(result.warnings)
@@ -351,14 +253,16 @@ def _describe(model, gpu, args, plan, trace_info: dict) -> str:
             f"per replica: {pools}")
 
 
-def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, announce: bool = False):
-    from poolsim.app.run import simulate
+def _simulate(trace, server: tuple, opts: dict, trace_info: dict, quiet: bool, announce: bool = False):
+    """``server``: load_server's (model, GPU, ServerArgs, runtime overhead)."""
+    from poolsim.app.run import check_run_options, simulate
     from poolsim.pools.sizing.plan import plan_memory
 
-    model, gpu, args, overhead = _server(server)
+    model, gpu, args, overhead = server
+    check_run_options(opts["router"], None, opts["slo_on"], opts["slo_p99_s"])  # as simulate: before planning
+    plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
 
     def describe():  # once the server is built and stepping: every flag has passed SGLang's checks
-        plan = plan_memory(model, gpu, args, runtime_overhead_gib=overhead)
         _log_warnings(plan.warnings)
         for note in plan.notes:  # what poolsim assumed reading the model, as `plan` shows it
             typer.echo(f"note: {note}", err=True)
@@ -367,7 +271,7 @@ def _simulate(trace, server: dict, opts: dict, trace_info: dict, quiet: bool, an
     with RunProgress(trace_info.get("requests") or 0, f"{model.name} tp{args.tp_size}", show=not quiet,
                      first=describe if announce else None) as progress:
         return simulate(trace, model, gpu, args, trace_info=trace_info, runtime_overhead_gib=overhead,
-                        progress=progress, **opts)
+                        progress=progress, plan=plan, **opts)
 
 
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
@@ -468,9 +372,11 @@ def run(
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from contextlib import nullcontext
 
-    from poolsim.app.output import check_out_dir, publish_dir, write_run_files
+    from poolsim.app.output import check_out_dir, publish_dir, run_dirs, write_runs
     from poolsim.app.run import check_router, check_step_time
+    from poolsim.app.server import load_server, second_model_args
     from poolsim.pools.errors import PoolError
+    from poolsim.pools.model.config import ModelConfig
     from poolsim.sim.metrics import check_table_format
 
     opts = dict(seed=seed, max_new_tokens=max_new_tokens, router=router, step_time=step_time,
@@ -487,26 +393,17 @@ def run(
         # With --out, simulate inside the folder being published: the step table streams into it chunk by
         # chunk (sim.metrics.Table), and a failed or interrupted run leaves nothing behind.
         with publish_dir(out) if out is not None else nullcontext() as tmp:
-            dirs = [tmp] if not compare_model else [tmp / "primary", tmp / "compare"] if tmp else [None, None]
-            for d in dirs:
-                if d is not None:
-                    d.mkdir(exist_ok=True)
-            results = [("primary", _simulate(loaded, server, dict(opts, stream_dir=dirs[0]), info,
+            dirs = run_dirs(tmp, bool(compare_model))
+            primary = load_server(server)
+            results = [("primary", _simulate(loaded, primary, dict(opts, stream_dir=dirs[0]), info,
                                              quiet or as_json, not as_json))]
             if compare_model:
-                other = dict(server, model=compare_model, tp=compare_tp or server["tp"], max_mamba_cache_size=None)
+                _, gpu, args, overhead = primary
+                other = (ModelConfig.load(compare_model), gpu, second_model_args(args, compare_tp), overhead)
                 results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
                                                      quiet or as_json, not as_json)))
             if tmp is not None:
-                from poolsim.reports.html import render_comparison, render_report
-
-                for d, (_, r) in zip(dirs, results):
-                    write_run_files(d, None, r.requests, r.summary, r.run, table_format)  # steps: streamed
-                    r.steps = r.requests = None  # on disk now; the report reads them back: one copy at a time
-                for d in dirs:
-                    render_report(d)
-                if len(dirs) > 1:
-                    render_comparison(dirs, tmp)
+                write_runs(tmp, dirs, [r for _, r in results], table_format)
     except (ValueError, OSError) as e:  # also: another run took the folder meanwhile
         _fail(e)
     except (RuntimeError, PoolError) as e:  # OutOfMemoryError, MambaCapacityError: SGLang fails loudly here too
@@ -552,7 +449,7 @@ def sweep(
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from poolsim.app.output import check_out_dir, publish_dir
-    from poolsim.app.sweep import cheapest_meeting, meets_slo, parse_grid, run_sweep
+    from poolsim.app.sweep import apply_slo, base_config, parse_gpu_cost, parse_grid, run_sweep, write_sweep
     from poolsim.traces import DEFAULT_TRACE
 
     try:
@@ -561,19 +458,8 @@ def sweep(
         if slo_on not in ("e2e", "ttft"):
             raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
         axes = parse_grid(grid)
-        costs = {}
-        for item in filter(None, (x.strip() for x in gpu_cost.split(","))):
-            name, _, price = item.partition("=")
-            costs[name.strip()] = float(price)
-        first = {k: v[0] for k, v in axes.items() if k in ("model", "gpu")}
-        _server({**server, **first})  # the base flags' one-line errors, before forking
-        base = dict(server)
-        base["tp_size"], base["dp_size"] = base.pop("tp"), base.pop("dp")
-        for key in ("gpu_memory_gib", "gpu_bandwidth_tbs", "gpu_bf16_tflops", "gpu_fp8_tflops", "gpu_arch",
-                    "runtime_overhead_gib"):
-            base.pop(key)
-        if base.get("gpu") is None and "gpu" not in axes:
-            raise ValueError("--gpu (or --grid gpu=...) is required")
+        costs = parse_gpu_cost(gpu_cost)
+        base = base_config(server, axes)
         path = str(trace or DEFAULT_TRACE)
         _load_trace(trace, None, False)  # a bad trace is one error for the command, not one per configuration
         callback, bar = _progress(0, as_json)
@@ -589,35 +475,23 @@ def sweep(
                 bar.stop()
     except (ValueError, OSError) as e:
         _fail(e)
-    best = (cheapest_meeting(table, slo_p99_s, slo_on) if slo_p99_s is not None and "p99_latency_s" in table
-            else None)
-    if slo_p99_s is not None and "p99_latency_s" in table:
-        table.insert(table.columns.get_loc("error"), "meets_slo", meets_slo(table, slo_p99_s, slo_on))
+    best = apply_slo(table, slo_p99_s, slo_on)
     if out is not None:
-        from poolsim.reports.plots import plot_frontier
-
         try:
             with publish_dir(out) as tmp:
-                table.to_csv(tmp / "sweep.csv", index=False)
-                ok = table[table["error"] == ""] if "error" in table else table
-                if len(ok):  # the x axis is the latency the SLO bounds
-                    shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if slo_on == "ttft" else ok
-                    plot_frontier(shown, slo_s=slo_p99_s).savefig(tmp / "frontier.png", dpi=120)
+                write_sweep(tmp, table, slo_p99_s, slo_on)
         except (ValueError, OSError) as e:
             _fail(e)
     if as_json:
         records = table.astype(object).where(table.notna(), None).to_dict("records")  # NaN/NA -> null
-        typer.echo(json.dumps({"configs": records,
-                               "cheapest_meeting_slo": None if best is None else best["label"]},
-                              indent=2, default=float))
+        typer.echo(json.dumps({"configs": records, "cheapest_meeting_slo": best}, indent=2, default=float))
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
                         "aborted", "binding_pool", "cost", "meets_slo", "error") if c in table.columns]
     shown = table[cols].astype(object).apply(lambda col: col.map(_cell))  # counts as integers, floats .2f, gaps -
     typer.echo(shown.to_string(index=False))
     if slo_p99_s is not None:
-        typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: "
-                   + ("none" if best is None else best["label"]))
+        typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: {best or 'none'}")
     if out is not None:
         typer.echo(f"wrote {out}/sweep.csv" + (f" and {out}/frontier.png" if (out / "frontier.png").exists() else ""))
 
@@ -881,7 +755,7 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Print the page's path and the runs as one JSON object."),
 ) -> None:
     """Re-render a run's HTML report (and PNGs) from its saved data; with --compare, a side-by-side page."""
-    from poolsim.app.output import publish_dir, recording
+    from poolsim.app.output import publish_dir, recording, report_target
     from poolsim.reports.html import ReportError, render_comparison, render_report
 
     def render(target):
@@ -889,7 +763,7 @@ def report(
                 else render_report(run_dir, target))
 
     try:
-        target = _report_target(run_dir, compare, out)
+        target = report_target(run_dir, compare, out)
         if target is None:  # the page goes into a folder poolsim wrote, beside the runs it reads
             with recording(out or run_dir):
                 page = render(out)
@@ -952,22 +826,22 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="bench_serving's result dict(s) as JSON."),
 ) -> None:
     """SGLang's bench_serving against the simulated server: its datasets, rates, concurrency and printout."""
-    from poolsim.app.bench_serving import BenchConfig, format_result, run_bench
+    from poolsim.app.bench_serving import bench_configs, format_result, run_bench
     from poolsim.app.run import check_step_time
+    from poolsim.app.server import load_server
     from poolsim.pools.errors import PoolError
 
     try:
         check_step_time(step_time, calibration)
         rates = _bench_list("--request-rate", request_rate, float)
         limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
-        n = max(len(rates), len(limits))
-        if {len(rates), len(limits)} - {1, n}:
-            raise ValueError("--request-rate and --max-concurrency lists must have one value or the same length")
-        configs = [BenchConfig(dataset_name, num_prompts, random_input_len, random_output_len, random_range_ratio,
-                               rates[i % len(rates)], limits[i % len(limits)], seed, warmup_requests, flush_cache,
-                               str(dataset_path) if dataset_path else None, sharegpt_output_len,
-                               sharegpt_context_len, burstiness, range_style, standin) for i in range(n)]
-        model, gpu, args, overhead = _server(server)
+        configs = bench_configs(rates, limits, dataset_name=dataset_name, num_prompts=num_prompts,
+                                random_input_len=random_input_len, random_output_len=random_output_len,
+                                random_range_ratio=random_range_ratio, seed=seed, warmup_requests=warmup_requests,
+                                flush_cache=flush_cache, dataset_path=str(dataset_path) if dataset_path else None,
+                                sharegpt_output_len=sharegpt_output_len, sharegpt_context_len=sharegpt_context_len,
+                                burstiness=burstiness, range_style=range_style, sharegpt_standin=standin)
+        model, gpu, args, overhead = load_server(server)
         sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
                                calibration=str(calibration) if calibration else None,
                                runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
@@ -982,28 +856,13 @@ def bench(
     typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 
-def _report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
-    """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
-    poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
-    from poolsim.app.output import MARKER, check_out_dir, run_files
-
-    if out is None:
-        return None
-    target, inputs = Path(out).resolve(), [Path(d).resolve() for d in (run_dir, *compare)]
-    if target in inputs or ((target / MARKER).is_file() and any(target in d.parents for d in inputs)):
-        return None
-    if any(f.exists() for f in run_files(target)):
-        raise ValueError(f"{out}: holds another run; name a new folder for the page")
-    check_out_dir(out)
-    return Path(out)
-
-
 # ---------------------------------------------------------------- device replay: calibrate / validate
 def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
             calibration, refit, repeat=1):
     """Shared by calibrate and validate: the trace through the pools on a device (kernels.calibrate)."""
     import os
 
+    from poolsim.app.server import load_server
     from poolsim.kernels.replay import PoolMismatch, ReplayOptions
     from poolsim.pools.errors import PoolError
 
@@ -1030,7 +889,7 @@ def _replay(server: dict, trace, fmt, device, tiny, layers, max_steps, budget_s,
         loaded = _load_trace(trace, fmt, False)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
                 "requests": len(loaded)}
-        model, gpu, args, overhead = _server(server)
+        model, gpu, args, overhead = load_server(server)
         return run_calibration(loaded, model, gpu, args, out=out, opts=opts, trace_info=info,
                                runtime_overhead_gib=overhead, calibration=str(calibration) if calibration else None,
                                refit=refit, log=typer.echo)

@@ -53,6 +53,16 @@ class BenchConfig:
                               sharegpt_standin=self.sharegpt_standin)
 
 
+def bench_configs(rates: list[float], limits: list[int | None], **flags) -> list[BenchConfig]:
+    """One invocation per request rate and concurrency limit, back to back: the two lists pair up element by
+    element, and a single value goes with every value of the other list. ``flags``: BenchConfig's other fields."""
+    n = max(len(rates), len(limits))
+    if {len(rates), len(limits)} - {1, n}:
+        raise ValueError("--request-rate and --max-concurrency lists must have one value or the same length")
+    return [BenchConfig(request_rate=rates[i % len(rates)], max_concurrency=limits[i % len(limits)], **flags)
+            for i in range(n)]
+
+
 def bench_trace(configs: list[BenchConfig], vocab_size: int | None = None):
     """The client's whole timeline as one trace: (items with Barriers, [(run's rids, its start barrier index)])."""
     if any(c.warmup_requests < 0 for c in configs):

@@ -223,6 +223,30 @@ def write_run_files(folder: Path, steps: pd.DataFrame | None, requests: pd.DataF
     (folder / "run.json").write_text(json.dumps(run, indent=2, default=str) + "\n")
 
 
+def run_dirs(folder: Path | None, compare: bool) -> list[Path | None]:
+    """Where `run --out` streams each run's step table: the folder itself, or its primary/ and compare/ with
+    --compare-model (None: no --out)."""
+    dirs = [folder] if not compare else [folder / "primary", folder / "compare"] if folder else [None, None]
+    for d in dirs:
+        if d is not None:
+            d.mkdir(exist_ok=True)
+    return dirs
+
+
+def write_runs(folder: Path, dirs: list[Path], results: list, table_format: str = "csv") -> None:
+    """The rest of `run --out` once the runs (app.run.RunResult) streamed their steps into ``dirs``: each run's
+    tables, summary, run.json and report, and for two runs comparison.html in ``folder``."""
+    from poolsim.reports.html import render_comparison, render_report
+
+    for d, r in zip(dirs, results):
+        write_run_files(d, None, r.requests, r.summary, r.run, table_format)  # steps: streamed
+        r.steps = r.requests = None  # on disk now; the report reads them back: one copy at a time
+    for d in dirs:
+        render_report(d)
+    if len(dirs) > 1:
+        render_comparison(dirs, folder)
+
+
 def write_run(out_dir: str | Path, steps: pd.DataFrame, requests: pd.DataFrame, summary: dict, run: dict,
               extra=None, table_format: str = "csv") -> Path:
     """Write the run; ``extra(tmp_dir)`` may add files (the report) before the folder is published."""
@@ -304,3 +328,17 @@ def read_run(out_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict, dic
     steps = read_table(files[0])
     requests = read_table(files[1], keep_default_na=True, dtype={"admission_steps": str, "cached_tokens": str})
     return steps, requests, json.loads(files[2].read_text()), json.loads(files[3].read_text())
+
+
+def report_target(run_dir: str, compare: list[str], out: str | None) -> Path | None:
+    """Where `report --out` publishes a new folder, or None to write in place: into the run folder itself, or a
+    poolsim folder that holds the runs. A folder holding another run is never replaced by a page."""
+    if out is None:
+        return None
+    target, inputs = Path(out).resolve(), [Path(d).resolve() for d in (run_dir, *compare)]
+    if target in inputs or ((target / MARKER).is_file() and any(target in d.parents for d in inputs)):
+        return None
+    if any(f.exists() for f in run_files(target)):
+        raise ValueError(f"{out}: holds another run; name a new folder for the page")
+    check_out_dir(out)
+    return Path(out)

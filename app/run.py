@@ -15,9 +15,10 @@ from typing import Callable
 
 import pandas as pd
 
+from poolsim.app.plan import compare_plans
 from poolsim.pools.hardware.gpu_catalog import GPUSpec
 from poolsim.pools.model.config import ModelConfig
-from poolsim.pools.sizing.plan import MemoryPlan, compare_records, crossover_context_len, plan_memory
+from poolsim.pools.sizing.plan import MemoryPlan, plan_memory
 from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.reports.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
 from poolsim.sim import ROUTERS
@@ -141,22 +142,33 @@ def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Mem
     """Bytes per request and max concurrency vs context length: the hybrid and its all-full-attention twin."""
     if not plan.is_hybrid:
         return None
-    twin = model.with_full_attention()
-    twin_plan = plan_memory(twin, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     lens = [n for n in COMPARE_CONTEXT_LENS if n <= plan.context_len] or [plan.context_len]
-    rows = compare_records({"hybrid": plan, "full": twin_plan}, lens)
-    pick = lambda label, key: [r[key] for r in rows if r["model"] == label]  # noqa: E731
-    return {"context_len": lens, "full_attn_model": twin.name,
-            "hybrid_bytes_per_request": pick("hybrid", "bytes_per_request"),
-            "full_attn_bytes_per_request": pick("full", "bytes_per_request"),
-            "hybrid_max_concurrency": pick("hybrid", "max_concurrency"),
-            "full_attn_max_concurrency": pick("full", "max_concurrency"),
-            "crossover_context_len": crossover_context_len(model, args)}
+    compared = compare_plans(model, gpu, args, plan, lens, runtime_overhead_gib=runtime_overhead_gib)
+    hybrid = [r for r in compared["records"] if r["model"] == model.name]
+    full = [r for r in compared["records"] if r["model"] != model.name]  # the twin: no --against here
+    return {"context_len": lens, "full_attn_model": full[0]["model"],
+            "hybrid_bytes_per_request": [r["bytes_per_request"] for r in hybrid],
+            "full_attn_bytes_per_request": [r["bytes_per_request"] for r in full],
+            "hybrid_max_concurrency": [r["max_concurrency"] for r in hybrid],
+            "full_attn_max_concurrency": [r["max_concurrency"] for r in full],
+            "crossover_context_len": compared["crossover_context_len"]}
 
 
 def check_router(router: str) -> None:
     if router not in ROUTERS:
         raise ValueError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+
+
+def check_run_options(router: str = "round_robin", max_concurrency: int | None = None, slo_on: str = "e2e",
+                      slo_p99_s: float | None = None) -> None:
+    """simulate's own options, checked before anything is sized: a caller that plans first checks them first."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    if slo_on not in SLO_METRICS:
+        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
+    if slo_p99_s is not None and not slo_p99_s > 0:
+        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+    check_router(router)
 
 
 def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace_info: dict | None = None,
@@ -166,7 +178,7 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
              progress: Callable | None = None, max_concurrency: int | None = None,
              token_times: bool = False, slo_p99_s: float | None = None, slo_on: str = "e2e",
              replay=None, stream_dir=None, table_format: str = "csv", chunk_rows: int = CHUNK_ROWS,
-             keep_steps: bool = True) -> RunResult:
+             keep_steps: bool = True, plan: MemoryPlan | None = None) -> RunResult:
     """``trace``: requests in arrival order, optionally with ``sim.engine.Barrier`` items between phases.
     ``max_concurrency``: at most N requests in flight; the next is sent when one finishes (bench_serving's
     ``--max-concurrency``); a request's ``arrival_s`` in the frames is then its send time. ``token_times``:
@@ -177,15 +189,11 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     tensors. None: the plain simulation. ``stream_dir``: also write the step table there
     (steps.csv / steps.parquet) chunk by chunk as it runs. ``keep_steps`` False: ``RunResult.steps`` holds only
     the columns the summary reads (reports.summary.SUMMARY_STEP_COLUMNS; the same values, so the same summary),
-    for a caller that has the whole table on disk."""
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"--max-concurrency {max_concurrency}: must be >= 1")
-    if slo_on not in SLO_METRICS:
-        raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
-    if slo_p99_s is not None and not slo_p99_s > 0:
-        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
-    check_router(router)
-    plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    for a caller that has the whole table on disk. ``plan``: ``plan_memory(model, gpu, args, runtime_overhead_gib=
+    runtime_overhead_gib)`` when the caller has it already (it is not planned again)."""
+    check_run_options(router, max_concurrency, slo_on, slo_p99_s)
+    if plan is None:
+        plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)
     mamba = mamba_config(plan, args, config.enable_overlap)
     device = None

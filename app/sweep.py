@@ -56,6 +56,31 @@ def _convert(name: str, value: str, kind):
         raise ValueError(f"--grid {name}: {value!r} is not a number") from None
 
 
+def parse_gpu_cost(text: str) -> dict[str, float]:
+    """``H100=2.5,H200=3.5`` -> $/GPU-hour by GPU name."""
+    costs = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, price = item.partition("=")
+        costs[name.strip()] = float(price)
+    return costs
+
+
+def base_config(flags: dict, grid: dict[str, list]) -> dict:
+    """The configuration the grid varies: model, gpu and every ServerArgs field from a command's flags (custom GPUs
+    and the runtime overhead are not swept). The flags are checked here, once: one error for the command, not one
+    per configuration."""
+    from poolsim.app.server import CUSTOM_GPU_FLAGS, load_server
+
+    load_server({**flags, **{k: v[0] for k, v in grid.items() if k in EXTRA_AXES}})
+    dropped = {*CUSTOM_GPU_FLAGS, "runtime_overhead_gib", "tp_size", "dp_size"}
+    # tp_size and dp_size last: the table's columns in the order they have always had
+    base = {k: v for k, v in flags.items() if k not in dropped}
+    base.update(tp_size=flags["tp_size"], dp_size=flags["dp_size"])
+    if base.get("gpu") is None and "gpu" not in grid:
+        raise ValueError("--gpu (or --grid gpu=...) is required")
+    return base
+
+
 def expand(base: dict, grid: dict[str, list]) -> list[dict]:
     """Every combination of the grid applied over the base flags (``base`` holds model, gpu and ServerArgs)."""
     names = list(grid)
@@ -188,6 +213,27 @@ def meets_slo(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.
     the SLO."""
     column = {"e2e": "p99_latency_s", "ttft": "p99_ttft_s"}[metric]
     return ((sweep["error"] == "") & sweep["aborted"].fillna(1).eq(0) & (sweep[column] <= slo_p99_s)).astype(bool)
+
+
+def apply_slo(sweep: pd.DataFrame, slo_p99_s: float | None, metric: str = "e2e") -> str | None:
+    """With an SLO and a configuration that ran: a ``meets_slo`` column (before ``error``), and the label of the
+    cheapest configuration meeting the SLO (None: none does, or no SLO)."""
+    if slo_p99_s is None or "p99_latency_s" not in sweep:
+        return None
+    best = cheapest_meeting(sweep, slo_p99_s, metric)
+    sweep.insert(sweep.columns.get_loc("error"), "meets_slo", meets_slo(sweep, slo_p99_s, metric))
+    return None if best is None else best["label"]
+
+
+def write_sweep(folder: Path, sweep: pd.DataFrame, slo_p99_s: float | None, metric: str = "e2e") -> None:
+    """sweep.csv, and frontier.png when a configuration ran (its x axis: the latency the SLO bounds)."""
+    from poolsim.reports.plots import plot_frontier
+
+    sweep.to_csv(folder / "sweep.csv", index=False)
+    ok = sweep[sweep["error"] == ""] if "error" in sweep else sweep
+    if len(ok):
+        shown = ok.assign(p99_latency_s=ok["p99_ttft_s"]) if metric == "ttft" else ok
+        plot_frontier(shown, slo_s=slo_p99_s).savefig(folder / "frontier.png", dpi=120)
 
 
 def cheapest_meeting(sweep: pd.DataFrame, slo_p99_s: float, metric: str = "e2e") -> pd.Series | None:

@@ -495,7 +495,7 @@ def _calibrate(trace, model, gpu, args, out, opts, trace_info, runtime_overhead_
         + f"; running layers {replay.layer_ids} of {len(model.layers)} on {info['device']}")
 
     sim_kw = dict(trace_info=trace_info, max_new_tokens=max_new_tokens, calibration=calibration,
-                  runtime_overhead_gib=runtime_overhead_gib)
+                  runtime_overhead_gib=runtime_overhead_gib, plan=plan)  # planned once, above
     ref = ReferenceRun()
     reference = simulate(trace, model, gpu, args, replay=ref, **sim_kw)
     # what the device run will hold, known from the plan and the reference steps: refuse now, before anything is

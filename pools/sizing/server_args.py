@@ -7,6 +7,7 @@ those defaults (``mem_fraction_static``, ``chunked_prefill_size``, ``max_running
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,60 @@ class ServerArgs:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class ServerFlag(NamedTuple):
+    field: str  # the ServerArgs field: its type and default (SGLang's) are the flag's
+    names: tuple[str, ...]  # a short name poolsim adds comes first (--tp, then SGLang's --tp-size)
+    help: str
+
+
+# Every ServerArgs field as a command-line flag, in the order `poolsim run --help` lists them: the CLI generates
+# its options from this table, so a flag's names and help are here and its type and default on the field.
+SERVER_FLAGS = (
+    ServerFlag("tp_size", ("--tp", "--tp-size"), "The tensor parallelism size."),
+    ServerFlag("dp_size", ("--dp", "--dp-size"), "Data-parallel replicas (each with tp GPUs)."),
+    ServerFlag("mem_fraction_static", ("--mem-fraction-static",),
+               "The fraction of the memory used for static allocation (model weights and KV cache memory pool); "
+               "unset: SGLang's default."),
+    ServerFlag("page_size", ("--page-size",), "The number of tokens in a page."),
+    ServerFlag("kv_cache_dtype", ("--kv-cache-dtype",),
+               "Data type for kv cache storage: auto (the model's), bfloat16, fp8_e4m3 or fp8_e5m2."),
+    ServerFlag("context_length", ("--context-length",),
+               "The model's maximum context length; unset: the value from config.json."),
+    ServerFlag("max_running_requests", ("--max-running-requests",), "The maximum number of running requests."),
+    ServerFlag("max_total_tokens", ("--max-total-tokens",),
+               "The maximum number of tokens in the memory pool; unset: from the memory fraction. Clamped to what "
+               "fits."),
+    ServerFlag("max_prefill_tokens", ("--max-prefill-tokens",), "The maximum number of tokens in a prefill batch."),
+    ServerFlag("chunked_prefill_size", ("--chunked-prefill-size",),
+               "The maximum number of tokens in a chunk for the chunked prefill; -1 disables chunking; unset: "
+               "SGLang's default."),
+    ServerFlag("schedule_policy", ("--schedule-policy",), "The scheduling policy of the requests: fcfs or lpm."),
+    ServerFlag("schedule_conservativeness", ("--schedule-conservativeness",),
+               "How conservative the schedule policy is; larger: fewer retractions."),
+    ServerFlag("max_mamba_cache_size", ("--max-mamba-cache-size",), "The maximum size of the mamba cache (slots)."),
+    ServerFlag("mamba_ssm_dtype", ("--mamba-ssm-dtype",),
+               "The data type of the SSM states: float32, bfloat16 or float16; unset: config.json's."),
+    ServerFlag("mamba_full_memory_ratio", ("--mamba-full-memory-ratio",),
+               "The ratio of mamba state memory to full kv cache memory."),
+    ServerFlag("mamba_radix_cache_strategy", ("--mamba-radix-cache-strategy",),
+               "The strategy to use for mamba radix cache: auto, no_buffer or extra_buffer."),
+    ServerFlag("mamba_track_interval", ("--mamba-track-interval",),
+               "The interval to track the mamba state during decode (extra_buffer)."),
+    ServerFlag("swa_full_tokens_ratio", ("--swa-full-tokens-ratio",),
+               "Hybrid-SWA models: SWA pool tokens per full pool token."),
+    ServerFlag("attention_backend", ("--attention-backend",),
+               "Choose the kernels for attention layers; unset: SGLang's default for the GPU."),
+    ServerFlag("disable_radix_cache", ("--disable-radix-cache",), "Disable RadixAttention for prefix caching."),
+    ServerFlag("disable_overlap_schedule", ("--disable-overlap-schedule",),
+               "Disable the overlap scheduler (CPU scheduling overlapped with the GPU forward)."),
+    ServerFlag("enable_mixed_chunk", ("--enable-mixed-chunk",),
+               "Mix prefill and decode in a batch when using chunked prefill."),
+    ServerFlag("scheduler_recv_interval", ("--scheduler-recv-interval",),
+               "The interval to poll requests in scheduler: while decoding, new requests are read every N steps."),
+    ServerFlag("disable_cuda_graph", ("--disable-cuda-graph",),
+               "Disable CUDA graphs (frees the memory their capture reserves)."),
+    ServerFlag("disable_prefill_cuda_graph", ("--disable-prefill-cuda-graph",),
+               "Prefill runs eager (as SGLang 0.5.6-0.5.7 did)."),
+)

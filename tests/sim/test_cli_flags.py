@@ -107,3 +107,16 @@ def test_a_calibration_with_a_fixed_step_time_is_rejected_naming_both_flags(cmd,
     assert res.output == ("error: --calibration cal.json has no effect with --step-time fixed:20: a calibration "
                           "sets the analytic model's coefficients; drop one of the two flags\n")
     assert not out.exists()
+
+
+def test_every_server_args_field_is_a_flag_with_the_fields_default():
+    """The SGLang flags are generated from pools.sizing.server_args.SERVER_FLAGS: one per field, in --help order,
+    its default SGLang's (the field's; None: SGLang picks)."""
+    from dataclasses import fields
+
+    from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
+
+    assert sorted(f.field for f in SERVER_FLAGS) == sorted(f.name for f in fields(ServerArgs))
+    for f in fields(ServerArgs):
+        assert SERVER_OPTIONS[f.name][1].default == f.default, f.name
+    assert list(SERVER_OPTIONS)[:4] == ["model", "gpu", "tp_size", "dp_size"]

@@ -142,3 +142,52 @@ def test_cli_latencies_read_as_the_report_prints_them():
     rows = dict(_summary_rows(summary))
     assert rows["TTFT p50 / p90 / p99"] == "8.49 ms / 131 ms / 5.50 s"
     assert rows["end-to-end p50 / p90 / p99"] == "- / - / -"
+
+
+def _count_plans(monkeypatch):
+    """plan_memory's calls, by model name, wherever the CLI and app modules reach it."""
+    import poolsim.app.plan
+    import poolsim.app.run
+    import poolsim.pools.sizing.plan as sizing
+
+    calls, real = [], sizing.plan_memory
+
+    def counted(model, *args, **kw):
+        calls.append(model.name)
+        return real(model, *args, **kw)
+
+    for module in (sizing, poolsim.app.run, poolsim.app.plan):
+        monkeypatch.setattr(module, "plan_memory", counted)
+    return calls
+
+
+def test_run_and_plan_compare_size_each_configuration_once(tmp_path, monkeypatch):
+    calls = _count_plans(monkeypatch)
+    trace = str(small_trace(tmp_path))
+    res = runner.invoke(app, ["run", trace, "--model", "llama-3.1-8b", "--gpu", "H200",
+                              "--compare-model", "kimi-linear-48b-a3b", "--quiet"])
+    assert res.exit_code == 0, res.output
+    # the hybrid's all-full-attention twin (run.json's hybrid_compare) is a configuration of its own
+    assert calls == ["llama-3.1-8b", "kimi-linear-48b-a3b", "kimi-linear-48b-a3b (all MLA)"]
+    calls.clear()
+    res = runner.invoke(app, ["plan", "--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--compare",
+                              "--against", "llama-3.1-8b", "--json"])
+    assert res.exit_code == 0, res.output
+    assert calls == ["kimi-linear-48b-a3b", "kimi-linear-48b-a3b (all MLA)", "llama-3.1-8b"]
+
+
+def test_run_hybrid_compare_is_plan_compares_rows(tmp_path):
+    """One comparison for both commands: run.json's hybrid_compare holds plan --compare's numbers."""
+    out = tmp_path / "o"
+    args = ["--model", "kimi-linear-48b-a3b", "--gpu", "H200", "--context-length", "65536"]
+    res = runner.invoke(app, ["run", str(small_trace(tmp_path)), *args, "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    hybrid = json.loads((out / "run.json").read_text())["hybrid_compare"]
+    res = runner.invoke(app, ["plan", *args, "--compare", "--json"])
+    compare = json.loads(res.stdout)["compare"]
+    rows = {(r["model"], r["context_len"]): r for r in compare["records"]}
+    for i, n in enumerate(hybrid["context_len"]):
+        if ("kimi-linear-48b-a3b", n) in rows:
+            assert hybrid["hybrid_bytes_per_request"][i] == rows["kimi-linear-48b-a3b", n]["bytes_per_request"]
+            assert hybrid["full_attn_max_concurrency"][i] == rows[hybrid["full_attn_model"], n]["max_concurrency"]
+    assert hybrid["crossover_context_len"] == compare["crossover_context_len"]
