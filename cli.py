@@ -102,6 +102,25 @@ def with_server_options(command):
     return wrapper
 
 
+def stoppable(what: str = "", keeps_files: bool = False):
+    """SIGTERM/SIGHUP/Ctrl-C end the command with the cleanup Ctrl-C gets and one line saying what was kept
+    (app/signals.py). ``keeps_files``: the command writes its ``--out`` files one by one (calibrate), so those
+    already written stay."""
+    def decorate(command):
+        @functools.wraps(command)
+        def wrapper(*args, **kwargs):
+            from poolsim.app.signals import stopping
+
+            out = kwargs.get("out")
+            if keeps_files and out is not None:
+                with stopping(None, f"{what}; the files already written to {out} are kept"):
+                    return command(*args, **kwargs)
+            with stopping(out, what):
+                return command(*args, **kwargs)
+        return wrapper
+    return decorate
+
+
 def _log_warnings(warnings) -> None:
     """What SGLang logs as warnings for this configuration (e.g. the clamp of --max-total-tokens), on stderr."""
     for w in warnings:
@@ -290,7 +309,7 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("TTFT p50 / p90 / p99", " / ".join(ms(summary["ttft_s"][k]) for k in ("p50", "p90", "p99"))),
         ("inter-token p50 / p90 / p99", " / ".join(ms(summary["itl_s"][k]) for k in ("p50", "p90", "p99"))),
         ("end-to-end p50 / p90 / p99", " / ".join(ms(summary["e2e_s"][k]) for k in ("p50", "p90", "p99"))),
-        ("prefix-cache hit rate", f"{summary['cache_hit_rate']:.1%} of prefill tokens"),
+        ("prefix-cache hit rate", f"{units.percent(summary['cache_hit_rate'])} of prefill tokens"),
     ]
     if "verdict_status" in summary:  # the numbers the verdict is decided on (reports/METRICS.md, "The verdict")
         share, rate = summary["queue_wait_share_p50"], summary["arrival_rate_req_s"]
@@ -298,9 +317,9 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
             ("verdict", summary["verdict_status"].replace("_", " ")
              + (f" ({summary['verdict_failures'].replace(' ', ', ')})" if summary["verdict_failures"] else "")),
             ("admission wait p50 (share of latency)",
-             f"{ms(summary['queue_wait_s']['p50'])} ({'-' if share is None else f'{share:.0%}'})"),
+             f"{ms(summary['queue_wait_s']['p50'])} ({'-' if share is None else units.percent(share)})"),
             ("unfinished at the last arrival", f"{summary['backlog_at_last_arrival']:,} of {summary['requests']:,} "
-                                               f"({summary['backlog_frac_at_last_arrival']:.0%})"),
+                                               f"({units.percent(summary['backlog_frac_at_last_arrival'])})"),
             ("arriving / served",
              f"{'-' if rate is None else f'{rate:,.2f}'} / {summary['throughput_req_s']:,.2f} req/s"),
         ]
@@ -315,8 +334,9 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         if name in pools:
             p = pools[name]
             # the capacity is in the value: compared servers have their own
-            rows.append((label, f"capacity {p['capacity']:,}: peak {p['peak_used_frac']:.0%}, "
-                                f"mean {p['mean_used_frac']:.0%}"
+            # as the report prints percentages: 0.4 % is "0.4%", never a rounded "0%"
+            rows.append((label, f"capacity {p['capacity']:,}: peak {units.percent(p['peak_used_frac'])}, "
+                                f"mean {units.percent(p['mean_used_frac'])}"
                          + (f", first exhausted at t={p['first_exhausted_s']:.1f} s" if p["first_exhausted_s"]
                             is not None else "")))
     return rows
@@ -342,6 +362,7 @@ def _print_summaries(labels: list[str], summaries: list[dict]) -> None:
 
 @app.command()
 @with_server_options
+@stoppable()
 def run(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file (any supported format); default: the bundled trace."),
@@ -429,6 +450,7 @@ def run(
 
 @app.command()
 @with_server_options
+@stoppable("; the sweep's workers were terminated")
 def sweep(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
@@ -445,6 +467,8 @@ def sweep(
     max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
                                        help="trace, ignore_eos or fixed:N, as for `run`."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write sweep.csv and frontier.png here."),
+    capacity: bool = typer.Option(False, "--capacity", help="Also find each configuration's capacity (the "
+                                  "highest load scale meeting --slo-p99-s, as `poolsim capacity`): a column."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
@@ -468,7 +492,12 @@ def sweep(
             bar.start()
             callback = (lambda done, total, cb=callback: (bar.update(bar.task_ids[0], total=total), cb(done, 0.0)))
         try:
-            table = run_sweep(path, base, axes, costs, workers, {"max_new_tokens": max_new_tokens}, callback,
+            opts = {"max_new_tokens": max_new_tokens}
+            if capacity:
+                if slo_p99_s is None:
+                    raise ValueError("--capacity needs --slo-p99-s: the capacity is the load at which it holds")
+                opts["capacity_slo"] = (slo_p99_s, slo_on)
+            table = run_sweep(path, base, axes, costs, workers, opts, callback,
                               ray=ray_address or ray)
         finally:
             if bar is not None:
@@ -487,13 +516,86 @@ def sweep(
         typer.echo(json.dumps({"configs": records, "cheapest_meeting_slo": best}, indent=2, default=float))
         return
     cols = [c for c in ("label", "gpus", "throughput_tok_s", "p99_ttft_s", "p99_latency_s", "retractions",
-                        "aborted", "binding_pool", "cost", "meets_slo", "error") if c in table.columns]
+                        "aborted", "binding_pool", "cost", "meets_slo", "capacity_scale", "error")
+            if c in table.columns]
     shown = table[cols].astype(object).apply(lambda col: col.map(_cell))  # counts as integers, floats .2f, gaps -
     typer.echo(shown.to_string(index=False))
     if slo_p99_s is not None:
         typer.echo(f"\ncheapest meeting p99 {slo_on} <= {slo_p99_s:g} s: {best or 'none'}")
     if out is not None:
         typer.echo(f"wrote {out}/sweep.csv" + (f" and {out}/frontier.png" if (out / "frontier.png").exists() else ""))
+
+
+@app.command()
+@with_server_options
+@stoppable()
+def capacity(
+    server: dict,
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
+    slo_p99_s: float = typer.Option(..., "--slo-p99-s", help="p99 latency target (s) that must hold."),
+    slo_on: str = typer.Option("e2e", "--slo-on", help="Which latency the SLO bounds: e2e or ttft."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
+    max_new_tokens: str = typer.Option("trace", "--max-new-tokens-policy",
+                                       help="trace, ignore_eos or fixed:N, as for `run`."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the p99-latency and throughput vs load "
+                                        "figure (PNG) here."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file poolsim did not write."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """How much traffic this configuration takes: the highest arrival-rate scale of the trace (its gaps divided
+    by x, prefix structure kept) at which the verdict and the p99 SLO still hold, each point simulated in full."""
+    from poolsim.app.capacity import find_capacity
+    from poolsim.app.output import PNG_SOFTWARE, check_out_file, png_by_poolsim, write_file
+    from poolsim.app.run import check_run_options
+    from poolsim.app.server import load_server
+    from poolsim.pools.errors import PoolError
+    from poolsim.reports import units
+
+    def report(point) -> None:
+        if not (quiet or as_json):
+            typer.echo(f"  x{point.scale:.4g}: {'holds' if point.holds else 'does not hold'} "
+                       f"({point.verdict_status.replace('_', ' ')}), p99 {slo_on} {units.seconds(point.p99_s)}, "
+                       f"{point.throughput_req_s:,.2f} req/s", err=True)
+
+    try:
+        check_run_options(slo_p99_s=slo_p99_s, slo_on=slo_on)
+        if plot is not None:
+            check_out_file(plot, force, png_by_poolsim)
+        loaded = _load_trace(trace, fmt, False)
+        model, gpu, args, overhead = load_server(server)
+        result = find_capacity(loaded, model, gpu, args, slo_p99_s, slo_on, progress=report,
+                               max_new_tokens=max_new_tokens, runtime_overhead_gib=overhead)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    data = result.to_dict()
+    if plot is not None:
+        from poolsim.reports.plots import plot_capacity
+
+        fig = plot_capacity(data["points"], slo_p99_s, slo_on, result.scale)
+        try:
+            write_file(plot, lambda tmp: fig.savefig(tmp, format="png", dpi=120, metadata={"Software": PNG_SOFTWARE}),
+                       force, png_by_poolsim)
+        except (ValueError, OSError) as e:
+            _fail(e)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=float))
+        return
+    lo, hi = result.bracket
+    if result.scale is None:
+        typer.echo(f"capacity: none: even at x{hi:.4g} of the trace's arrival rate the verdict or the SLO (p99 "
+                   f"{slo_on} <= {units.seconds(slo_p99_s)}) fails")
+    else:
+        best = result.best
+        above = f", fails at x{hi:.4g}" if hi is not None else " (the highest load tried)"
+        typer.echo(f"capacity: x{lo:.4g} the trace's arrival rate{above}: {data['arrival_rate_req_s']:,.2f} req/s "
+                   f"arriving, sustained {best.throughput_req_s:,.2f} req/s and {best.output_tok_s:,.0f} output "
+                   f"tok/s with p99 {slo_on} {units.seconds(best.p99_s)} (SLO {units.seconds(slo_p99_s)}; "
+                   f"{len(result.points)} simulations)")
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
 
 
 def _cell(value) -> str:
@@ -787,6 +889,7 @@ def _bench_list(flag: str, text: str, parse) -> list:
 
 @app.command()
 @with_server_options
+@stoppable()
 def bench(
     server: dict,
     dataset_name: str = typer.Option("random-ids", "--dataset-name",
@@ -924,6 +1027,7 @@ TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured st
 
 @app.command()
 @with_server_options
+@stoppable(keeps_files=True)
 def calibrate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),

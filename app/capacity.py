@@ -18,6 +18,7 @@ from typing import Callable
 from poolsim.app.run import simulate
 from poolsim.pools.hardware.gpu_catalog import GPUSpec
 from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.plan import plan_memory
 from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.traces import scale_trace
 
@@ -67,6 +68,8 @@ def find_capacity(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, slo
         raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
     result = Capacity(slo_p99_s, slo_on, None, (None, None))
     seen: dict[float, LoadPoint] = {}
+    if "plan" not in run_opts:  # one server, many loads: sized once
+        run_opts["plan"] = plan_memory(model, gpu, args, runtime_overhead_gib=run_opts.get("runtime_overhead_gib"))
 
     def point(scale: float) -> LoadPoint:
         if scale not in seen:

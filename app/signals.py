@@ -18,9 +18,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(KeyboardInterrupt):
+    # the signal number is the only argument: code that re-raises ``type(e)(*e.args)`` (SimPy does, for an
+    # exception out of a process) rebuilds the same exception
     def __init__(self, signum: int = signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        super().__init__(int(signum))
+        self.signum = int(signum)
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def _raise(signum, frame) -> None:

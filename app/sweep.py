@@ -98,13 +98,21 @@ def _run_one(job: tuple) -> dict:
     from poolsim.traces import load_trace
 
     trace_path, config, name, gpu_cost, run_opts = job
+    run_opts = dict(run_opts)
+    capacity_slo = run_opts.pop("capacity_slo", None)  # (slo_p99_s, slo_on): also search this row's capacity
     args = {k: v for k, v in config.items() if k not in ("model", "gpu")}
     row = {"label": name, "model": config["model"], "gpu": config["gpu"], **args}
     try:
         gpu = get_gpu(config["gpu"])
-        r = simulate(load_trace(trace_path), ModelConfig.load(config["model"]), gpu, ServerArgs(**args),
-                     **run_opts)
-    except (ValueError, RuntimeError) as e:
+        model, server_args, trace = ModelConfig.load(config["model"]), ServerArgs(**args), load_trace(trace_path)
+        r = simulate(trace, model, gpu, server_args, **run_opts)
+        if capacity_slo is not None:
+            from poolsim.app.capacity import find_capacity
+
+            found = find_capacity(trace, model, gpu, server_args, *capacity_slo, **run_opts)
+            best = found.best
+            row.update(capacity_scale=found.scale, capacity_req_s=best.throughput_req_s if best else None)
+    except (ValueError, RuntimeError, ArithmeticError) as e:  # one configuration's error is its row's, never the sweep's
         return {**row, "error": str(e)}
     s = r.summary
     gpus = args.get("tp_size", 1) * args.get("dp_size", 1)

@@ -54,3 +54,28 @@ def test_the_capacity_figure_draws_both_panels(searches):
     lat, thr = fig.axes[:2]
     assert lat.get_ylim()[0] == 0 and thr.get_ylim()[0] == 0
     assert "capacity" in lat.get_title()
+
+
+def test_the_capacity_command_prints_the_answer_and_draws_it(tmp_path, searches):
+    import json
+
+    from typer.testing import CliRunner
+
+    from poolsim.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "H100", "--slo-p99-s", "10", "--json",
+                              "--plot", str(tmp_path / "cap.png")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["capacity_scale"] == searches[10.0].scale  # the CLI runs the library's search, to the bit
+    assert data["sustained_req_s"] == searches[10.0].best.throughput_req_s
+    assert (tmp_path / "cap.png").read_bytes().startswith(b"\x89PNG")
+    res = runner.invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "H100", "--slo-p99-s", "inf"])
+    assert res.exit_code == 2 and "--slo-p99-s inf: expected a positive number of seconds" in res.output
+    res = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--grid", "gpu=H100", "--capacity"])
+    assert res.exit_code == 2 and "--capacity needs --slo-p99-s" in res.output
+    res = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--grid", "gpu=H100", "--capacity",
+                              "--slo-p99-s", "10", "--workers", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["configs"][0]["capacity_scale"] == searches[10.0].scale

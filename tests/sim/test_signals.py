@@ -44,6 +44,10 @@ def _wait_for(condition, timeout=120.0):
     return False
 
 
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def _hidden(out: Path) -> list[Path]:
     return [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
 
@@ -75,7 +79,7 @@ def test_sigterm_keeps_a_previous_run_whole(tmp_path, long_trace):
     out = tmp_path / "report"
     subprocess.run([*POOLSIM, "run", "--model", "llama-3.1-8b", "--gpu", "H100", "--quiet", "--out", str(out)],
                    cwd=tmp_path, check=True, capture_output=True, timeout=300)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = _contents(out)
     proc = _start(["run", str(long_trace), "--model", "llama-3.1-8b", "--gpu", "H100", "--quiet", "--out", str(out)],
                   tmp_path)
     assert _wait_for(lambda: any(p.is_dir() for p in _hidden(out)) or proc.poll() is not None)
@@ -83,7 +87,7 @@ def test_sigterm_keeps_a_previous_run_whole(tmp_path, long_trace):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines()[-1].endswith(f"; {out} left as it was (the previous run there is kept)")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _hidden(out) == []
+    assert _contents(out) == before and _hidden(out) == []
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the process tree")
