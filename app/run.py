@@ -6,11 +6,10 @@
 
 from __future__ import annotations
 
-import math
-
 import contextlib
 import dataclasses
 import gc
+import math
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
