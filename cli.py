@@ -56,12 +56,27 @@ def _fail(error: Exception) -> None:
 
 
 def _sglang_options() -> dict:
-    """An option per ServerArgs field, from pools.sizing.server_args.SERVER_FLAGS: the field's type and default."""
+    """An option per ServerArgs field, from pools.sizing.server_args.SERVER_FLAGS: the field's type and default.
+    A flag's ``hidden_names`` (SGLang names too long for --help) are accepted but not listed: the whole option
+    when it has no other name, else a second, hidden option under ``HIDDEN_ALIAS`` + field that the command's
+    wrapper folds into the field."""
     from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
 
     types, defaults = typing.get_type_hints(ServerArgs), ServerArgs()
-    return {f.field: (types[f.field], typer.Option(getattr(defaults, f.field), *f.names, help=f.help))
-            for f in SERVER_FLAGS}
+    out = {}
+    for f in SERVER_FLAGS:
+        default = getattr(defaults, f.field)
+        if not f.names:
+            out[f.field] = (types[f.field], typer.Option(default, *f.hidden_names, help=f.help, hidden=True))
+            continue
+        out[f.field] = (types[f.field], typer.Option(default, *f.names, help=f.help))
+        if f.hidden_names:
+            out[HIDDEN_ALIAS + f.field] = (types[f.field], typer.Option(default, *f.hidden_names, help=f.help,
+                                                                        hidden=True))
+    return out
+
+
+HIDDEN_ALIAS = "alias_of_"  # SERVER_OPTIONS keys of hidden second names (see _sglang_options)
 
 
 # The server flags shared by every command that builds a server: name -> (type, typer.Option). SGLang's come from
@@ -93,6 +108,10 @@ def with_server_options(command):
     @functools.wraps(command)
     def wrapper(**kwargs):
         server = {name: kwargs.pop(name) for name in SERVER_OPTIONS}
+        for key in [k for k in server if k.startswith(HIDDEN_ALIAS)]:
+            value, field = server.pop(key), key[len(HIDDEN_ALIAS):]
+            if value != SERVER_OPTIONS[key][1].default:
+                server[field] = value
         return command(server=server, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(

@@ -41,6 +41,7 @@ from poolsim.pools.mem_cache.pool.mha import MHATokenToKVPool
 from poolsim.pools.mem_cache.pool.mla import MLATokenToKVPool
 from poolsim.pools.mem_cache.pool.swa import SWAKVPool
 from poolsim.pools.model.config import ModelConfig
+from poolsim.pools.sizing.hicache import HiCachePlan, plan_hicache
 from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing API)
     MAMBA_STRATEGIES,
     _mamba_state_gib,
@@ -148,6 +149,7 @@ class MemoryPlan:
     latent_row_bytes: int | None = None  # bytes per token per layer of the latent row
     notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
     warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
+    hicache: HiCachePlan | None = None  # --enable-hierarchical-cache: the host pools (pools/sizing/hicache.py)
 
     @property
     def is_hybrid(self) -> bool:
@@ -249,6 +251,8 @@ class MemoryPlan:
                                           + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")),
                  ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
                                         f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
+        if self.hicache is not None:
+            rows += self.hicache.table_rows()
         rows += [("note", n) for n in self.notes]
         rows += [("warning", w) for w in self.warnings]
         width = max(len(k) for k, _ in rows)
@@ -464,6 +468,12 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
                           f"exceeds the {free_after_pools:.2f} GiB left after the pools; lower --context-length "
                           "or --max-running-requests")
     max_req_len = min(context_len - 1, max_total_num_tokens - 1)  # tp_worker.py:568-571
+    hicache = None
+    if args.enable_hierarchical_cache:  # the host pools, after the device pools (mem_cache/kv_cache_builder.py:456)
+        hicache, host_warnings = plan_hicache(args, gpu, kv_pool, MambaPool(mamba[2], mamba[0]) if mamba else None,
+                                              model.name, is_swa=isinstance(kv_pool, SWAKVPool),
+                                              is_dsa=model.dsa is not None)
+        warnings += host_warnings
 
     return MemoryPlan(
         model=model.name, gpu=gpu.name, tp_size=tp, attention_arch=model.attention_arch,
@@ -488,8 +498,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
         full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
-        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
-        **window_fields)
+        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), hicache=hicache,
+        **hybrid_fields, **window_fields)
 
 
 def _window_fields(model: ModelConfig, kv_pool: KVCache, args: ServerArgs) -> dict:

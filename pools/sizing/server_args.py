@@ -39,6 +39,23 @@ class ServerArgs:
     mamba_track_interval: int = 256
     # hybrid sliding-window models
     swa_full_tokens_ratio: float = 0.8  # SWA pool tokens per full pool token
+    # HiCache: the host-memory (and storage) tiers of the KV cache (arg_groups/fields/memory.py:98-209)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float | None = None  # None: 2.0 in cache mode, 1.2 in buffer_only (hicache_hook.py:119-122)
+    hicache_size: int = 0  # GB (1e9 B) per rank; > 0 overrides the ratio
+    hicache_host_memory_fraction: float | None = 0.8  # auto-sizing's share of host RAM (ratio and size unset)
+    hicache_host_memory_mode: str = "cache"  # cache | buffer_only
+    hicache_write_policy: str = "write_through"  # write_through | write_through_selective | write_back
+    hicache_io_backend: str = "kernel"  # direct | kernel | kernel_ascend
+    hicache_mem_layout: str = "page_first"  # layer_first | page_first | page_first_direct | ...
+    hicache_storage_backend: str | None = None  # file | mooncake | hf3fs | nixl | ... (L3)
+    hicache_storage_prefetch_policy: str = "timeout"  # best_effort | wait_complete | timeout
+    hicache_storage_backend_extra_config: str | None = None  # JSON; accepted, not read by poolsim
+    hicache_storage_prefetch_retry_poll_interval: int = 8
+    hicache_storage_prefetch_retry_max_attempts: int = 8
+    # poolsim's own, not SGLang's: the machine's RAM that SGLang checks the host pools against (None: the GPU
+    # catalog's typical server of that GPU)
+    host_memory_gib: float | None = None
 
     def replace(self, **changes) -> "ServerArgs":
         known = {f.name for f in fields(self)}
@@ -55,6 +72,8 @@ class ServerFlag(NamedTuple):
     field: str  # the ServerArgs field: its type and default (SGLang's) are the flag's
     names: tuple[str, ...]  # a short name poolsim adds comes first (--tp, then SGLang's --tp-size)
     help: str
+    # SGLang's names too long for an 80-column --help (its option column holds 28 characters): accepted, not listed
+    hidden_names: tuple[str, ...] = ()
 
 
 # Every ServerArgs field as a command-line flag, in the order `poolsim run --help` lists them: the CLI generates
@@ -105,4 +124,43 @@ SERVER_FLAGS = (
                "Disable CUDA graphs (frees the memory their capture reserves)."),
     ServerFlag("disable_prefill_cuda_graph", ("--disable-prefill-cuda-graph",),
                "Prefill runs eager (as SGLang 0.5.6-0.5.7 did)."),
+    ServerFlag("enable_hierarchical_cache", ("--enable-hierarchical-cache",),
+               "Enable hierarchical cache (HiCache; also --enable-hicache): evicted KV stays in a host-memory pool "
+               "and is loaded back.", ("--enable-hicache",)),
+    ServerFlag("hicache_ratio", ("--hicache-ratio",),
+               "The ratio of the size of host KV cache memory pool to the size of device pool; unset: 2.0 in cache "
+               "mode, 1.2 in buffer_only mode (reduced to fit host memory when --hicache-size is unset too)."),
+    ServerFlag("hicache_size", ("--hicache-size",),
+               "The size of host KV cache memory pool in gigabytes (per rank). Overrides --hicache-ratio."),
+    ServerFlag("hicache_host_memory_fraction", (),
+               "Fraction of the host memory (after a 10 GiB reserve) the host pools of all ranks may use when "
+               "neither --hicache-ratio nor --hicache-size is set: the default ratio is reduced until they fit.",
+               ("--hicache-host-memory-fraction",)),
+    ServerFlag("hicache_host_memory_mode", ("--hicache-host-memory-mode",),
+               "cache (a persistent host tier) or buffer_only (a staging buffer for the storage backend)."),
+    ServerFlag("hicache_write_policy", ("--hicache-write-policy",),
+               "The write policy of hierarchical cache: write_through, write_through_selective or write_back."),
+    ServerFlag("hicache_io_backend", ("--hicache-io-backend",),
+               "The IO backend for KV cache transfer between CPU and GPU: direct, kernel or kernel_ascend."),
+    ServerFlag("hicache_mem_layout", ("--hicache-mem-layout",),
+               "The layout of host memory pool for hierarchical cache: layer_first, page_first, page_first_direct, "
+               "page_first_kv_split or page_head."),
+    ServerFlag("hicache_storage_backend", ("--hicache-storage-backend",),
+               "The storage backend for hierarchical KV cache (L3): file, mooncake, hf3fs, nixl, ... (modelled: "
+               "capacity and bandwidth only)."),
+    ServerFlag("hicache_storage_prefetch_policy", (),
+               "Control when prefetching from the storage backend should stop: best_effort, wait_complete or "
+               "timeout.", ("--hicache-storage-prefetch-policy",)),
+    ServerFlag("hicache_storage_backend_extra_config", (),
+               "Extra configuration for the storage backend (JSON); accepted, not read by poolsim.",
+               ("--hicache-storage-backend-extra-config",)),
+    ServerFlag("hicache_storage_prefetch_retry_poll_interval", (),
+               "Scheduling passes before a storage availability check is re-issued (accepted, not modelled).",
+               ("--hicache-storage-prefetch-retry-poll-interval",)),
+    ServerFlag("hicache_storage_prefetch_retry_max_attempts", (),
+               "Storage availability re-issues a queued request may make (accepted, not modelled).",
+               ("--hicache-storage-prefetch-retry-max-attempts",)),
+    ServerFlag("host_memory_gib", ("--host-memory-gib",),
+               "poolsim: the machine's RAM (GiB) available to SGLang, which checks the HiCache host pools against "
+               "it; unset: the GPU catalog's typical server of that GPU (poolsim gpus)."),
 )

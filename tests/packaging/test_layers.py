@@ -10,10 +10,11 @@ ALLOWED = {  # layer -> the layers it may import (besides itself)
     "errors": set(), "dtypes": set(), "backend": set(), "hardware": set(),
     "mem_cache/allocator": {"backend", "errors"},
     "mem_cache/pool": {"mem_cache/allocator", "mem_cache/req_kv", "backend", "dtypes", "errors"},
-    "mem_cache": {"mem_cache/pool", "mem_cache/allocator", "mem_cache/req_kv", *LEAVES},
+    "mem_cache/pool_host": {"mem_cache/pool", "backend", "dtypes", "errors"},
+    "mem_cache": {"mem_cache/pool", "mem_cache/pool_host", "mem_cache/allocator", "mem_cache/req_kv", *LEAVES},
     "mem_cache/req_kv": set(),
     "model": {"mem_cache/pool", "dtypes"},
-    "sizing": {"model", "hardware", "mem_cache/pool", *LEAVES},
+    "sizing": {"model", "hardware", "mem_cache/pool", "mem_cache/pool_host", *LEAVES},
     "pools": {"mem_cache", "mem_cache/pool", "mem_cache/allocator", "mem_cache/req_kv", "sizing", *LEAVES},
 }
 
@@ -26,7 +27,7 @@ def layer(module: str) -> str:
     rest = parts[2:]
     if not rest:
         return "pools"
-    if rest[0] == "mem_cache" and len(rest) > 1 and rest[1] in ("allocator", "pool", "req_kv"):
+    if rest[0] == "mem_cache" and len(rest) > 1 and rest[1] in ("allocator", "pool", "pool_host", "req_kv"):
         return "mem_cache/" + rest[1]
     return rest[0]
 
