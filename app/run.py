@@ -24,14 +24,16 @@ from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.reports.summary import SLO_METRICS, SUMMARY_STEP_COLUMNS, summarize
 from poolsim.sim import ROUTERS
 from poolsim.sim.engine import Simulation
-from poolsim.sim.metrics import CHUNK_ROWS, Recorder
+from poolsim.sim.metrics import CHUNK_ROWS, HOST_STEP_COLUMNS, Recorder
 from poolsim.sim.scheduler import SchedulerConfig
-from poolsim.sim.server import MambaConfig, SWAConfig, build_server
+from poolsim.sim.server import HiCacheConfig, MambaConfig, SWAConfig, build_server
 from poolsim.sim.step_time import (
+    HOST_LINK_EFFICIENCY,
     MEASURED_ERROR,
     AnalyticStepTime,
     Coefficients,
     FixedStepTime,
+    HiCacheStepTime,
     ModelCost,
     calibration_source,
     prior_only_note,
@@ -138,6 +140,21 @@ def swa_config(plan: MemoryPlan, args: ServerArgs, model: ModelConfig) -> SWACon
                      sliding_window_size=plan.sliding_window)
 
 
+def hicache_config(plan: MemoryPlan, args: ServerArgs, gpu: GPUSpec, model: ModelConfig) -> HiCacheConfig | None:
+    """The host tier ``run`` simulates: the host pool ``plan`` sized, SGLang's write policy, the host link."""
+    h = plan.hicache
+    if h is None:
+        return None
+    if plan.is_hybrid or plan.is_hybrid_swa:
+        raise ValueError(f"--model {model.name}: run simulates the HiCache host tier for MHA and MLA models; `plan` "
+                         "sizes this model's host pools (the mamba host pool included) but run does not move them")
+    if h.host_memory_mode == "buffer_only":
+        raise ValueError("--hicache-host-memory-mode buffer_only: the host pool only stages copies to the storage "
+                         "backend, which run does not simulate (use cache mode)")
+    return HiCacheConfig(host_tokens=h.host_tokens, size_per_token=h.size_per_token, write_policy=h.write_policy,
+                         bandwidth=gpu.host_link_bandwidth * HOST_LINK_EFFICIENCY)
+
+
 def hybrid_compare(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: MemoryPlan,
                    runtime_overhead_gib: float | None) -> dict | None:
     """Bytes per request and max concurrency vs context length: the hybrid and its all-full-attention twin."""
@@ -201,18 +218,22 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     if replay is not None:
         device, mamba = replay.device, replay.mamba_config(mamba)
     swa = swa_config(plan, args, model)
-    recorder = Recorder(stream_dir, table_format, chunk_rows)
+    hicache = hicache_config(plan, args, gpu, model)
+    recorder = Recorder(stream_dir, table_format, chunk_rows,
+                        extra_step_columns=HOST_STEP_COLUMNS if hicache is not None else ())
     servers = [build_server(config, mamba=mamba, disable_radix_cache=args.disable_radix_cache,
                             recorder=recorder, replica=i, device=device, checks=check,
-                            swa=swa) for i in range(args.dp_size)]
+                            swa=swa, hicache=hicache) for i in range(args.dp_size)]
     clock = _step_time(step_time, model, gpu, plan, calibration, args)
+    if hicache is not None:
+        clock = HiCacheStepTime(clock, model.num_hidden_layers)
     step_fn = clock if replay is None else _replay_step(replay.step_time(clock, servers), clock)
     sim = Simulation(servers, step_fn, recorder, max_new_tokens_for=max_new_tokens_policy(max_new_tokens),
                      router=router, progress=progress, check_every_step=check, max_concurrency=max_concurrency,
                      record_token_times=token_times)
     with cycle_collector_paused():
         sim.run(trace)
-    steps = recorder.step_frame(None if keep_steps else SUMMARY_STEP_COLUMNS)
+    steps = recorder.step_frame(None if keep_steps else SUMMARY_STEP_COLUMNS + HOST_STEP_COLUMNS)
     requests = recorder.request_frame()
     meta = {"max_total_num_tokens": config.max_total_num_tokens, "max_running_requests": config.max_running_requests,
             "max_mamba_cache_size": plan.max_mamba_cache_size or 0, "page_size": config.page_size,
@@ -220,6 +241,14 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
             "context_len": config.max_context_len, "dp_size": args.dp_size,
             "retraction_events": [e for s in servers for e in s.retraction_events],
             "slo_p99_s": slo_p99_s, "slo_on": slo_on}
+    if hicache is not None:
+        meta["hicache"] = {"host_tokens": hicache.host_tokens, "size_per_token": hicache.size_per_token,
+                           "write_policy": hicache.write_policy, "hicache_ratio": plan.hicache.hicache_ratio,
+                           "link_bandwidth_bytes_s": hicache.bandwidth,
+                           "storage_backend": plan.hicache.storage_backend,
+                           "recomputed_host_hit_tokens": sum(s.tree_cache.num_recomputed_host_tokens for s in servers),
+                           "backup_skipped_tokens": sum(s.tree_cache.num_backup_skipped_tokens for s in servers),
+                           "demoted_tokens": sum(s.tree_cache.num_demoted_tokens for s in servers)}
     summary = summarize(steps, requests, meta)
     run = {
         "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,

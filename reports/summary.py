@@ -141,6 +141,8 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
                                             if len(steps) else 0.0),
         },
     }
+    if meta.get("hicache") is not None:
+        summary.update(_hicache_summary(steps, dur, cached, meta["hicache"]))
     summary.update(_keep_up(steps, requests, done))
     causes = requests.loc[requests["aborted"], "abort_cause"] if "abort_cause" in requests else pd.Series(dtype=str)
     summary["abort_causes"] = {c: int((causes == c).sum()) for c in ABORT_CAUSES}
@@ -160,6 +162,37 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)
     return summary
+
+
+def _hicache_summary(steps: pd.DataFrame, dur: pd.Series, cached: int, info: dict) -> dict:
+    """With --enable-hierarchical-cache (reports/METRICS.md, "HiCache"): the cached prompt tokens by the tier they
+    came from (device: matched in GPU memory; host: loaded back from the host pool; storage: the L3 backend, not
+    simulated) and the host pool's use and traffic."""
+    def total(column: str) -> int:
+        return int(steps[column].sum()) if len(steps) and column in steps else 0
+
+    host = total("host_loaded_tokens")
+    cap = info["host_tokens"]
+    used = steps["host_used_size"] / cap if len(steps) and "host_used_size" in steps else pd.Series(dtype=float)
+    return {
+        "cached_prefill_tokens_by_tier": {"device": cached - host, "host": host, "storage": 0},
+        "hicache": {
+            "host_capacity_tokens": cap, "host_capacity_bytes": cap * info["size_per_token"],
+            "write_policy": info["write_policy"], "hicache_ratio": info.get("hicache_ratio"),
+            "host_peak_used_frac": float(used.max()) if len(used) else 0.0,
+            "host_mean_used_frac": _time_weighted_mean(used, dur) if len(used) else 0.0,
+            "loaded_back_tokens": host, "loaded_back_bytes": host * info["size_per_token"],
+            "written_tokens": total("host_written_tokens"),
+            "written_bytes": total("host_written_tokens") * info["size_per_token"],
+            "host_evicted_tokens": total("host_evicted_tokens"),
+            "dropped_tokens": total("dropped_tokens"),
+            "demoted_tokens": info.get("demoted_tokens", 0),
+            "recomputed_host_hit_tokens": info.get("recomputed_host_hit_tokens", 0),
+            "backup_skipped_tokens": info.get("backup_skipped_tokens", 0),
+            "link_bandwidth_bytes_s": info.get("link_bandwidth_bytes_s"),
+            "storage": "not simulated" if info.get("storage_backend") else None,
+        },
+    }
 
 
 def _event_pool(event: tuple) -> str:
@@ -293,6 +326,12 @@ def _pool_story(summary: dict) -> str:
             f"{_tokens(cap)} {kind} tokens.")
     if summary.get("evicted_tokens"):
         parts.append(_eviction_story(summary))
+    tiers = summary.get("cached_prefill_tokens_by_tier")
+    if tiers is not None:
+        h = summary["hicache"]
+        parts.append(f"HiCache: {_tokens(tiers['host'])} cached prompt tokens were loaded back from the host pool "
+                     f"(beside {_tokens(tiers['device'])} matched on the GPU), host pool peak "
+                     f"{h['host_peak_used_frac']:.0%} of {_tokens(h['host_capacity_tokens'])} tokens.")
     binding = summary["binding_pool"]
     name = {"kv": "KV tokens", "rows": "request rows", "mamba": "mamba state slots",
             "swa": "SWA KV tokens"}.get(binding, "none")

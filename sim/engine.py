@@ -54,6 +54,7 @@ class ReplicaState:
     step: int = 0
     evicted_seen: int = 0
     mamba_evicted_seen: int = 0
+    host_seen: tuple | None = None  # HiCache: running totals at the last step row (Simulation._host_row)
 
 
 class Simulation:
@@ -156,6 +157,7 @@ class Simulation:
                     yield self.env.timeout(max(state.gpu_free_at - self.env.now, FLUSH_POLL_S))
                 state.scheduler.flush_cache()
                 state.evicted_seen = state.mamba_evicted_seen = 0  # the tree's eviction counters restart
+                state.host_seen = None
         if barrier.max_concurrency != KEEP:
             self.slots = self._slots(barrier.max_concurrency)
         self.barrier_times.append(self.env.now)
@@ -198,6 +200,8 @@ class Simulation:
                 scheduled = (len(sched.waiting_queue), pool.size - pool.available_size(), self._free_kv(sched))
                 start = max(env.now, state.gpu_free_at)
                 state.gpu_free_at = start + self.step_time(batch)
+                if sched.hicache is not None:  # its loads run during this pass; later writes wait for it
+                    sched.hicache.hicache.on_launch(start, state.gpu_free_at)
                 launched = Launch(batch.copy(), start, state.gpu_free_at, state.step)
                 sched.forward_ct += 1
             # overlap: this step was planned before the previous one's result landed; process that one now
@@ -223,6 +227,14 @@ class Simulation:
                 sched.on_idle()
                 if sched.inbox:
                     continue  # an idle loop reads the socket on its next spin (recv_requests)
+                if sched.hicache is not None and sched.has_work():
+                    # SGLang's idle loop keeps polling its copies: spin again when the next one is done (its
+                    # lock may be what keeps the waiting requests out), or when a request arrives
+                    ready = sched.hicache.hicache.next_ack_time()
+                    if ready is not None:
+                        state.wakeup = env.event()
+                        yield state.wakeup | env.timeout(max(ready - env.now, 0.0))
+                        continue
                 if self.arrivals_done.triggered:
                     if not sched.has_work():
                         return
@@ -257,7 +269,7 @@ class Simulation:
         state.mamba_evicted_seen = tree.num_mamba_evicted_tokens
         decode_tokens = len(batch.decoding_reqs or ()) if batch.forward_mode != "decode" else batch.batch_size()
         running = pool.size - pool.available_size()  # requests holding a row: decoding, chunked, finishing
-        self.recorder.on_step((
+        row = (
             step, sched.replica, start, end - start, batch.forward_mode, batch.batch_size(), running,
             len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.cached_lens), decode_tokens,
             self._free_kv(sched), tree.evictable_size(), tree.protected_size(), pool.available_size(),
@@ -265,11 +277,24 @@ class Simulation:
             sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
             self._partial_page_tokens(sched), self._row_tokens(sched),
             *scheduled, mamba_evicted,
-        ))
+        )
+        if sched.hicache is not None:
+            row += self._host_row(state, sched.hicache)
+        self.recorder.on_step(row)
         sched.step_retracted = 0
         sched.step_aborted = []
         if self.progress is not None:
             self.progress(len(self.recorder.requests), end)
+
+    @staticmethod
+    def _host_row(state: ReplicaState, tree) -> tuple:
+        """The host tier's step columns (sim.metrics.HOST_STEP_COLUMNS): pool use now and what moved since the
+        last row."""
+        totals = (tree.hicache.total_loaded, tree.hicache.total_written, tree.num_host_evicted_tokens,
+                  tree.num_dropped_tokens)
+        seen = state.host_seen or (0, 0, 0, 0)
+        state.host_seen = totals
+        return (tree.host_used_size(), len(tree.evictable_host_leaves), *(a - b for a, b in zip(totals, seen)))
 
     @staticmethod
     def _row_tokens(sched: Scheduler) -> int:

@@ -20,6 +20,12 @@ STEP_COLUMNS = (
     "waiting_scheduled", "running_scheduled", "available_size_scheduled", "mamba_evicted_tokens",
 )
 
+# With --enable-hierarchical-cache the step table also has these, after STEP_COLUMNS (reports/METRICS.md):
+# host slots the tree holds, host leaves (host-only nodes host eviction may take), and since the previous row:
+# tokens loaded back host->device, written device->host, freed from host, and evicted from device with no host copy.
+HOST_STEP_COLUMNS = ("host_used_size", "host_evictable_leaves", "host_loaded_tokens", "host_written_tokens",
+                     "host_evicted_tokens", "dropped_tokens")
+
 REQUEST_COLUMNS = (
     "rid", "replica", "arrival_s", "input_len", "output_len", "max_new_tokens", "admission_steps",
     "first_token_step", "finish_step", "first_token_s", "finish_s", "cached_tokens", "cached_tokens_first",
@@ -172,9 +178,9 @@ class Recorder:
     (``steps.csv`` / ``steps.parquet``) chunk by chunk during the run."""
 
     def __init__(self, stream_dir: str | Path | None = None, table_format: str = "csv",
-                 chunk_rows: int = CHUNK_ROWS):
+                 chunk_rows: int = CHUNK_ROWS, extra_step_columns: tuple[str, ...] = ()):
         stream = Path(stream_dir) / f"steps.{table_format}" if stream_dir is not None else None
-        self.steps = Table(STEP_COLUMNS, chunk_rows, stream, table_format)
+        self.steps = Table(STEP_COLUMNS + tuple(extra_step_columns), chunk_rows, stream, table_format)
         self.requests = Table(REQUEST_COLUMNS, chunk_rows)
         # called with each finished or aborted request (the engine's client releases it)
         self.on_done: Callable | None = None

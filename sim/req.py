@@ -18,7 +18,8 @@ class Req:
                  "mamba_branching_seqlen", "retraction_count", "is_retracted", "finished_reason", "aborted",
                  "inflight_middle_chunks", "num_matched_prefix_tokens", "_prompt", "_ids", "cached_tokens",
                  "admission_steps", "first_token_time", "first_token_step", "finish_time", "finish_step", "replica",
-                 "tokens_not_cached", "to_finish", "abort_cause", "decode_batch_idx", "swa_branching_seqlen")
+                 "tokens_not_cached", "to_finish", "abort_cause", "decode_batch_idx", "swa_branching_seqlen",
+                 "host_hit_length", "best_match_node", "host_loaded_tokens")
 
     def __init__(self, rid: int, trace_req, max_new_tokens: int, ignore_eos: bool = False):
         self.rid = rid
@@ -56,6 +57,11 @@ class Req:
         self.to_finish: str | None = None  # an abort cause applied when the next output lands (SGLang's to_finish)
         self.abort_cause: str | None = None  # why an aborted request was aborted (reports/METRICS.md)
         self.decode_batch_idx = 0  # decode batches prepared for it since its (re-)admission
+        # HiCache (pools/mem_cache/hiradix_cache.py): the last match's host hit behind the device prefix, where it
+        # ends, and the prompt tokens loaded back from host over the request's admissions
+        self.host_hit_length = 0
+        self.best_match_node: Any = None
+        self.host_loaded_tokens = 0
 
     # ---------------------------------------------------------------- lengths
     @property

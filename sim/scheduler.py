@@ -10,10 +10,12 @@ result is processed; the plain loop processes it first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from poolsim.pools.mem_cache.allocation import checkpoint_kv_cache, match_prefix_for_req, release_kv_cache
 from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
 from poolsim.pools.mem_cache.pool.req_to_token import ReqToTokenPool
+from poolsim.sim.hicache_prefill_adder import HiCachePrefillAdder
 from poolsim.sim.prefill_adder import AddReqResult, PrefillAdder
 from poolsim.sim.req import Req
 from poolsim.sim.schedule_batch import ScheduleBatch
@@ -95,6 +97,8 @@ class Scheduler:
         self.now = 0.0
         self.num_finished = 0  # requests finished or aborted so far
         self._filtered_at: tuple | None = None  # (running batch, num_finished) when it last dropped finished ones
+        # HiCache's tree (pools/mem_cache/hiradix_cache.py), or None: its events are polled each iteration
+        self.hicache: Any = tree_cache if getattr(tree_cache, "hicache", None) is not None else None
 
     # ---------------------------------------------------------------- intake
     def deliver(self, req: Req) -> None:
@@ -152,6 +156,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        if self.hicache is not None:  # _process_hicache_events, first (scheduler.py:3878-3896)
+            self.hicache.check_hicache_events(self.now)
         exclude: list = []
         if self.chunked_req is not None:
             exclude.append(self.chunked_req)
@@ -204,7 +210,8 @@ class Scheduler:
             return None
         self.policy.calc_priority(self.waiting_queue)
         mixed = self.config.enable_mixed_chunk
-        adder_cls = SWAPrefillAdder if self.tree_cache.supports_swa() else PrefillAdder
+        adder_cls = SWAPrefillAdder if self.tree_cache.supports_swa() else \
+            HiCachePrefillAdder if self.hicache is not None else PrefillAdder
         adder = adder_cls(self.page_size, self.tree_cache, running, self.new_token_ratio.current,
                              self.config.max_prefill_tokens, self.config.chunked_prefill_size,
                              running.batch_size() if mixed else 0)
@@ -258,6 +265,8 @@ class Scheduler:
                 r.cached_tokens.append(r.prefix_len)
                 r.admission_steps.append(self.forward_ct)
             r.is_retracted = False
+        if self.hicache is not None:  # the load-backs admission queued start with this batch (scheduler.py:4351)
+            self.hicache.ready_to_load_host_cache()
         batch = ScheduleBatch(can_run, self.tree_cache, self.req_to_token_pool, "extend")
         batch.cached_lens = [0 if r is continuing else r.prefix_len for r in can_run]
         batch.chunked_req = self.chunked_req
@@ -333,6 +342,8 @@ class Scheduler:
                 self._process_decode_reqs(batch.reqs, end_time, step, batch.mamba_tracks)
         finally:
             self.allocator.free_group_end()
+        if self.hicache is not None:  # submit this batch's queued host backups (scheduler.py:5105-5106)
+            self.hicache.flush_pending_backups(self.now)
 
     def _process_prefill_result(self, batch: ScheduleBatch, end_time: float, step: int) -> None:
         decoding = set(map(id, batch.decoding_reqs or ()))

@@ -14,6 +14,8 @@ from poolsim.pools import (
     TokenToKVPoolAllocator,
 )
 from poolsim.pools.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+from poolsim.pools.mem_cache.hiradix_cache import HiRadixCache
+from poolsim.pools.mem_cache.pool_host.base import HostKVCache
 from poolsim.pools.mem_cache.pool.mamba import MambaCacheParams
 from poolsim.pools.mem_cache.swa_radix_cache import SWARadixCache
 from poolsim.sim.scheduler import Scheduler, SchedulerConfig
@@ -38,13 +40,25 @@ class SWAConfig:
     sliding_window_size: int
 
 
+@dataclass(frozen=True)
+class HiCacheConfig:
+    """The host tier of one server (``--enable-hierarchical-cache``): the host pool a plan sized, the write policy,
+    and the effective host-link bandwidth its copies take."""
+
+    host_tokens: int  # the host pool's size, padding page included (plan.hicache.host_tokens)
+    size_per_token: int  # B
+    write_policy: str = "write_through"
+    bandwidth: float = float("inf")  # effective B/s per direction (GPU catalog host link x efficiency)
+
+
 def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disable_radix_cache: bool = False,
                  recorder=None, replica: int = 0, device: str | None = None, checks: bool = True,
-                 swa: SWAConfig | None = None) -> Scheduler:
+                 swa: SWAConfig | None = None, hicache: HiCacheConfig | None = None) -> Scheduler:
     """``device``: None runs the pools on numpy (the simulator); a torch device runs the same bookkeeping on
     torch tensors there, state buffers included (the validation path). ``checks``: the free lists' double-free
     checks (off for a plain run: they never change an id). ``swa``: a hybrid-SWA model's two pools,
-    ``SWATokenToKVPoolAllocator`` and the SWA radix cache (not with mamba or a disabled cache)."""
+    ``SWATokenToKVPoolAllocator`` and the SWA radix cache (not with mamba or a disabled cache). ``hicache``: the
+    radix cache with a host tier (``HiRadixCache``; MHA/MLA models only)."""
     rows = config.max_running_requests
     width = config.max_context_len or config.context_len
     if mamba is None:
@@ -53,6 +67,8 @@ def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disa
         buffers = mamba.ping_pong_track_buffer_size if mamba.strategy == "extra_buffer" else 0
         pool = HybridReqToTokenPool(rows, width, mamba.max_mamba_cache_size, mamba.cache_params, device=device,
                                     mamba_ping_pong_track_buffer_size=buffers)
+    if hicache is not None and (mamba is not None or swa is not None or disable_radix_cache):
+        raise ValueError("the HiCache host tier is simulated for MHA/MLA models with the radix cache on")
     if swa is not None:
         if mamba is not None or disable_radix_cache:
             raise ValueError("hybrid-SWA pools are simulated with the radix cache on and no mamba state")
@@ -73,6 +89,10 @@ def build_server(config: SchedulerConfig, mamba: MambaConfig | None = None, disa
     elif mamba is not None:
         tree = MambaRadixCache(pool, allocator, strategy=mamba.strategy,
                                mamba_track_interval=mamba.mamba_track_interval)
+    elif hicache is not None:
+        host = HostKVCache(hicache.size_per_token, config.max_total_num_tokens, 0.0, 0, config.page_size,
+                           host_token_capacity=hicache.host_tokens)
+        tree = HiRadixCache(pool, allocator, host, hicache.write_policy, bandwidth=hicache.bandwidth)
     else:
         tree = RadixCache(pool, allocator)
     return Scheduler(config, tree, pool, recorder=recorder, replica=replica)

@@ -478,3 +478,48 @@ class AnalyticStepTime:
             per_allreduce = 2 * (c.tp - 1) / c.tp * msg / link + k.allreduce_latency_s
             comm = 2 * c.num_layers * per_allreduce
         return max(compute, memory) + triton + launch + moe + linear + comm + k.step_overhead_s
+
+
+# HiCache's device<->host copies (pools/mem_cache/hiradix_cache.py). Their bandwidth is the GPU catalog's host link
+# per direction times this efficiency: the share of a PCIe link's datasheet rate that large pinned-memory DMA copies
+# reach (PCIe Gen5 x16: ~50-55 of 64 GB/s; Gen4: ~25 of 32). A named constant, not fitted: no published SGLang
+# run with HiCache is in bench/data, and a calibration file does not set it.
+HOST_LINK_EFFICIENCY = 0.8
+
+
+class HiCacheStepTime:
+    """A step-time model with HiCache's transfers on top of ``base``'s forward time.
+
+    Load-back: SGLang's cache controller copies a batch's host hits layer by layer on its own stream
+    (``start_loading``, ``managers/cache_controller.py:1028-1069``) and the forward pass waits at each layer for
+    that layer's copy (``LayerDoneCounter.wait_until``, ``:102-105``). With ``L`` layers, a forward of ``c`` seconds
+    and a copy of ``h`` seconds (``bytes / (host link x HOST_LINK_EFFICIENCY)``), the pipeline takes
+    ``max(c + h / L, h + c / L)``: the first layer's copy before any compute when compute dominates, the last
+    layer's compute after every copy when the copy dominates. Exact: the layer-wise ordering; modelled: equal
+    layers, one copy stream at a constant rate, no contention with the D->H writes.
+
+    Write-back (``--hicache-write-policy write_back``): eviction copies the victim to host and waits for it
+    (``writing_check(write_back=True)``), on the scheduler's thread: that time is added to the step it was
+    scheduling. Write-through copies run beside the forward passes and cost none of their time (their
+    completion only decides when a node's lock is released)."""
+
+    def __init__(self, base, num_layers: int):
+        self.base = base
+        self.num_layers = max(1, num_layers)
+        self.request_cpu_s = float(getattr(base, "request_cpu_s", 0.0))
+
+    def __call__(self, batch) -> float:
+        t = self.base(batch)
+        tree = batch.tree_cache
+        ctrl = getattr(tree, "hicache", None)
+        if ctrl is None:
+            return t
+        loaded, stall = ctrl.pop_step_io()
+        if loaded:
+            h = ctrl.transfer_s(loaded)
+            t = max(t + h / self.num_layers, h + t / self.num_layers)
+        return t + stall
+
+    def describe(self) -> str:
+        return (f"{self.base.describe()}; HiCache copies over the host link at {HOST_LINK_EFFICIENCY:g} of its "
+                f"datasheet rate, load-back overlapped layer by layer")

@@ -40,18 +40,28 @@ class HostKVCache:
     pool_label = "kv"
 
     def __init__(self, size_per_token: int, device_capacity_tokens: int, host_to_device_ratio: float,
-                 host_size: float, page_size: int, budget_bytes: int | None = None):
+                 host_size: float, page_size: int, budget_bytes: int | None = None,
+                 host_token_capacity: int | None = None):
+        """``host_token_capacity``: an exact, page-aligned size, no padding page added (SGLang's parameter of
+        that name, ``pool_host/base.py:212-219``; the simulator builds the pool a plan sized)."""
         if size_per_token <= 0:
             raise PoolError(f"host pool: size_per_token {size_per_token} must be > 0")
         self.size_per_token = int(size_per_token)
         self.device_capacity_tokens = int(device_capacity_tokens)
         self.page_size = page_size
-        if host_size > 0:
-            size = int(host_size * GB // self.size_per_token)
+        if host_token_capacity is not None:
+            if host_token_capacity <= 0 or host_token_capacity % page_size:
+                raise PoolError(f"Host token capacity must be positive and page-aligned, got {host_token_capacity} "
+                                f"for page_size={page_size}")
+            self.page_num = host_token_capacity // page_size
+            self.size = host_token_capacity
         else:
-            size = int(device_capacity_tokens * host_to_device_ratio)
-        self.page_num = size // page_size + 1  # the padding page (pool_host/base.py:227-229)
-        self.size = self.page_num * page_size
+            if host_size > 0:
+                size = int(host_size * GB // self.size_per_token)
+            else:
+                size = int(device_capacity_tokens * host_to_device_ratio)
+            self.page_num = size // page_size + 1  # the padding page (pool_host/base.py:227-229)
+            self.size = self.page_num * page_size
         self.warnings: list[str] = []
         if self.size <= self.device_capacity_tokens:  # pool_host/base.py:238-246
             self.warnings.append(
@@ -109,5 +119,7 @@ class HostKVCache:
         free = np.concatenate([self.free_slots, *self.release_slots]) if self.release_slots else self.free_slots
         if len(free) + held != self.size:
             raise PoolError(f"host pool: {len(free)} free + {held} held by the tree != size {self.size}")
-        if len(np.unique(free)) != len(free):
+        seen = np.zeros(self.size, dtype=bool)
+        seen[free] = True
+        if int(seen.sum()) != len(free):
             raise PoolError("host pool: a slot is free twice")
