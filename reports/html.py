@@ -172,6 +172,15 @@ def run_figures(r: Run) -> list[FigureSpec]:
                     *(("summary.pools.mamba.mean_idle_slots",) if mamba else ())),
                    lambda: plots.plot_fragmentation(s, q, summary)),
     ]
+    if "host_used_size" in s and summary.get("hicache"):
+        specs.append(FigureSpec(
+            "hicache", "HiCache: hits per tier and the host pool",
+            "Top: share of prefill tokens matched on the GPU and loaded back from the host pool, per time bin. "
+            "Bottom: host slots the tree holds (each bin's peak) against the host pool, and the tokens written to "
+            "and loaded from host in each bin.",
+            ("summary.cached_prefill_tokens_by_tier.host", "steps.host_used_size", "steps.host_written_tokens",
+             "steps.host_loaded_tokens", "summary.hicache.host_capacity_tokens", "figures.hit_rate_by_tier"),
+            lambda: plots.plot_hicache(s, summary)))
     compare = run.get("hybrid_compare")
     if isinstance(compare, dict) and "context_len" in compare:
         specs.append(FigureSpec(

@@ -21,7 +21,7 @@ WIDTH_IN = 10.0  # figure width (inches)
 COLORS = {
     "own": "#3b75af", "protected": "#8c6bb1", "evictable": "#74c476", "free": "#e6e6e6",
     "retraction": "#d62728", "abort": "#111111", "running": "#3b75af", "waiting": "#ff7f0e",
-    "hybrid": "#3b75af", "full": "#d62728",
+    "hybrid": "#3b75af", "full": "#d62728", "host": "#fd8d3c",
 }
 PCT_STYLE = {"p50": ("#2ca02c", "-"), "p90": ("#ff7f0e", "--"), "p99": ("#d62728", ":")}
 TOKENS_FMT = FuncFormatter(lambda v, _: units.tokens(v))
@@ -269,6 +269,54 @@ def plot_prefix_cache(steps: pd.DataFrame, requests: pd.DataFrame) -> Figure:
         ax_r.legend(fontsize=9, loc="upper right")
     else:
         _no_data(ax_r, "no finished requests")
+    return fig
+
+
+def plot_hicache(steps: pd.DataFrame, summary: dict) -> Figure:
+    """HiCache: where the cached prompt tokens came from over time (matched on the GPU, loaded back from host) and
+    the host pool's occupancy with its traffic (tokens written to and loaded from host per time bin)."""
+    fig = _figure(5.4)
+    ax_hit, ax_host = fig.subplots(2, 1, sharex=True)
+    edges = time_edges(steps, max_bins=120, steps_per_bin=8)
+    host = sum_per_bin(steps, edges, "host_loaded_tokens")
+    device = sum_per_bin(steps, edges, "cached_prefill_tokens") - host
+    total = device + host + sum_per_bin(steps, edges, "prefill_tokens")
+    if total.sum() > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dev_rate, host_rate = np.where(total > 0, device / total, 0.0), np.where(total > 0, host / total, 0.0)
+        _stack(ax_hit, edges, [("matched on the GPU (device tier)", dev_rate, "evictable"),
+                               ("loaded back from host (host tier)", host_rate, "host")])
+        ax_hit.set_ylim(0, 1.05)
+        ax_hit.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax_hit.set_ylabel("prefill tokens from cache")
+        ax_hit.set_title("Cache hits per tier", loc="left", fontsize=10)
+        ax_hit.margins(x=0)
+        _legend_right(ax_hit)
+    else:
+        _no_data(ax_hit, "no prefill tokens")
+    cap = summary["hicache"]["host_capacity_tokens"] * num_replicas(steps)
+    used = peak_per_bin(steps, edges, "host_used_size", ["host_used_size"], {"host_used_size": 0})["host_used_size"]
+    x, y = _stairs(edges, used)
+    ax_host.fill_between(x, 0, y, step="post", color=COLORS["host"], alpha=0.5, lw=0, label="host slots held (peak)")
+    ax_host.axhline(cap, color="grey", ls="--", lw=1, label=f"host pool ({units.tokens(cap)} tokens)")
+    ax_host.set_ylabel("host tokens")
+    ax_host.yaxis.set_major_formatter(TOKENS_FMT)
+    ax_host.set_ylim(bottom=0)
+    traffic = ax_host.twinx()
+    for col, label, color in (("host_written_tokens", "written to host per bin", "own"),
+                              ("host_loaded_tokens", "loaded from host per bin", "retraction")):
+        tx, ty = _stairs(edges, sum_per_bin(steps, edges, col))
+        traffic.step(tx, ty, where="post", color=COLORS[color], lw=1.1, label=label)
+    traffic.set_ylabel("tokens moved")
+    traffic.yaxis.set_major_formatter(TOKENS_FMT)
+    traffic.set_ylim(bottom=0)
+    ax_host.set_xlabel("time (s)")
+    ax_host.set_title("Host pool", loc="left", fontsize=10)
+    ax_host.margins(x=0)
+    lines, labels = ax_host.get_legend_handles_labels()
+    more, more_labels = traffic.get_legend_handles_labels()
+    ax_host.legend(lines + more, labels + more_labels, loc="upper left", bbox_to_anchor=(1.12, 1.0),
+                   borderaxespad=0.0, fontsize=9)
     return fig
 
 

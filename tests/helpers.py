@@ -97,7 +97,7 @@ class TraceReq:
 
 
 def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, check=True, device=None,
-            ignore_eos=False, swa=None):
+            ignore_eos=False, swa=None, hicache=None):
     """Run the scheduler on a list of TraceReq with a fixed step time; returns (steps df, requests df, scheduler).
     ``ignore_eos``: every request is sent with ignore_eos (as bench_serving does)."""
     from poolsim.sim.engine import Simulation
@@ -105,9 +105,11 @@ def run_sim(trace, config, step=0.01, mamba=None, disable_radix_cache=False, che
     from poolsim.sim.server import build_server
     from poolsim.sim.step_time import FixedStepTime
 
-    rec = Recorder()
+    from poolsim.sim.metrics import HOST_STEP_COLUMNS
+
+    rec = Recorder(extra_step_columns=HOST_STEP_COLUMNS if hicache is not None else ())
     sched = build_server(config, mamba=mamba, disable_radix_cache=disable_radix_cache, recorder=rec, device=device,
-                         swa=swa)
+                         swa=swa, hicache=hicache)
     sim = Simulation([sched], FixedStepTime(step), rec,
                      max_new_tokens_for=lambda t: (t.max_new_tokens or t.output_len, ignore_eos),
                      check_every_step=check)

@@ -8,7 +8,7 @@ from poolsim.app.output import write_run
 from poolsim.pools import MambaCacheParams, MambaStateShape
 from poolsim.reports.summary import summarize
 from poolsim.sim.scheduler import SchedulerConfig
-from poolsim.sim.server import MambaConfig, SWAConfig
+from poolsim.sim.server import HiCacheConfig, MambaConfig, SWAConfig
 from tests.helpers import TraceReq, run_sim
 
 STEP_S = 0.02  # seconds per forward step (FixedStepTime)
@@ -27,6 +27,21 @@ def chat_trace(n: int, seed: int, rate_per_s: float, prompt_len=(20, 120), outpu
         if long_every and rid % long_every == long_every - 1:
             prompt = list(500_000 + rid * 10_000 + np.arange(long_len))
         out.append(TraceReq(rid, round(t, 4), prompt, int(rng.integers(*output_len))))
+    return out
+
+
+def conversation_trace(n: int, turns: int, seed: int, gap_s: float, context_len=(250, 350),
+                       output_len=(8, 40)) -> list[TraceReq]:
+    """``n`` conversations; turn k of each repeats its whole context so far and adds a few tokens, all the turn-k
+    requests ``gap_s`` after the turn-(k-1) ones: a later turn finds its context evicted from a small pool."""
+    rng = np.random.default_rng(seed)
+    contexts = [list(20_000 + c * 10_000 + np.arange(rng.integers(*context_len))) for c in range(n)]
+    out = []
+    for turn in range(turns):
+        for c in range(n):
+            if turn:
+                contexts[c] = contexts[c] + list(20_000 + c * 10_000 + 5_000 + turn * 100 + np.arange(20))
+            out.append(TraceReq(len(out), round(turn * gap_s + c * 0.05, 4), contexts[c], int(rng.integers(*output_len))))
     return out
 
 
@@ -59,6 +74,9 @@ SCENARIOS = {
     # two KV pools: the SWA pool (window 32) binds before the full one
     "swa": (lambda: chat_trace(50, 5, 12.0, output_len=(100, 300)),
             {"pool": 4096, "rows": 16, "ctx": 1024, "swa": 900, "window": 32}, None, "gpt-oss-20b (test-sized)"),
+    # HiCache: a pool that evicts the shared prompt between requests, a host pool 4x it that keeps it
+    "hicache": (lambda: conversation_trace(12, 3, 6, 3.0), {"pool": 1600, "rows": 16, "ctx": 1024, "host": 6400},
+                None, "test-mha-small"),
 }
 
 
@@ -71,10 +89,19 @@ def write_scenario(name: str, out_dir, render=None):
     trace = make_trace()
     mamba = kimi_mamba(mamba_slots) if mamba_slots else None
     swa = SWAConfig(c["swa"], c["window"]) if "swa" in c else None
-    steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False, swa=swa)
+    hicache = HiCacheConfig(host_tokens=c["host"], size_per_token=1152 * 27) if "host" in c else None
+    steps, requests, sched = run_sim(trace, config, step=STEP_S, mamba=mamba, check=False, swa=swa, hicache=hicache)
     meta = {"max_total_num_tokens": c["pool"], "max_running_requests": c["rows"], "page_size": page,
             "context_len": c["ctx"], "max_mamba_cache_size": mamba_slots or 0, "dp_size": 1,
             "retraction_events": sched.retraction_events, "swa_max_total_num_tokens": c.get("swa", 0)}
+    if hicache is not None:
+        tree = sched.tree_cache
+        meta["hicache"] = {"host_tokens": c["host"], "size_per_token": hicache.size_per_token,
+                           "write_policy": hicache.write_policy, "hicache_ratio": c["host"] / c["pool"],
+                           "link_bandwidth_bytes_s": 51.2e9, "storage_backend": None,
+                           "recomputed_host_hit_tokens": tree.num_recomputed_host_tokens,
+                           "backup_skipped_tokens": tree.num_backup_skipped_tokens,
+                           "demoted_tokens": tree.num_demoted_tokens}
     summary = summarize(steps, requests, meta)
     flags = {"page_size": page, "max_total_tokens": c["pool"], "max_running_requests": c["rows"],
              "context_length": c["ctx"], "chunked_prefill_size": 256, "schedule_policy": "fcfs",
