@@ -27,7 +27,9 @@ only when nothing else ran and R did not change, so a decode line is marked (and
 - ``speculative``: an ``accept len`` line; its time is right, but the step-time model prices a plain decode step,
   not a draft-and-verify one.
 The decode rows' KV tokens: the line's ``#token`` (``#full token`` for hybrid pools) is the pool's used tokens at the
-interval's end; over the interval they average ``#token - R x accept len x (interval - 1) / 2``.
+interval's end; over the interval they average ``#token - R x accept len x (interval - 1) / 2``. A prefix that
+several running requests share is one set of pool tokens, so with shared prompts this is below the sum of their
+sequence lengths (what attention reads); forward-pass metrics carry that sum.
 
 Prefill lines give no step time: their ``input throughput`` is over the seconds since the previous prefill line
 (metrics_reporter.py:733-740), which holds every decode step in between; they are counted and mark decode intervals.

@@ -4,6 +4,7 @@ file is the calibration format `run --calibration` reads, and validate reports w
 import json
 import math
 
+import numpy as np
 import pytest
 
 from poolsim.kernels import calibrate as cal
@@ -112,3 +113,31 @@ def test_validate_runs_replays_the_measured_lengths(tmp_path):
     assert m["error_pct"] == pytest.approx(100 * (m["poolsim"] / m["measured"] - 1))
     assert row["per_request"]["requests"] == 8 and row["workload"]["request_rate"] == 8.0
     json.dumps(row, allow_nan=False)
+
+
+def test_calibrate_from_server_log_decode_lines(tmp_path):
+    """Decode lines of ten batches (4-250 requests), six lines each after a prefill: the first line of each batch is
+    marked (a prefill in its interval), the other five are clean; their times from a known roofline, 3 % noise."""
+    from tests.telemetry.samples import prefill_0523
+
+    cost, _ = cost_of(MODEL, GPU, ARGS)
+    truth = step_time.Coefficients(hbm_efficiency_sm90=0.62, step_overhead_s=0.004)
+    clock = step_time.AnalyticStepTime(cost, truth)
+    rng = np.random.default_rng(0)
+    lines, sec = [], 0
+    for batch in (4, 8, 16, 32, 64, 96, 128, 160, 200, 250):
+        kv = batch * int(rng.integers(500, 6000))
+        lines.append(prefill_0523(sec % 60, batch, kv))
+        for _ in range(6):
+            kv += batch * 40  # the interval's 40 steps
+            mean_kv = int(kv - batch * 39 / 2)
+            t = clock.time_of(0, batch, 0, mean_kv, mean_kv, batch) * np.exp(0.03 * rng.standard_normal())
+            lines.append(decode_0523(sec % 60, batch, kv, batch / t))
+            sec += 1
+    log = read_server_log(write_lines(tmp_path / "server.log", lines))
+    rec = calibrate_measured([log], MODEL, GPU, ARGS, log=lambda *_: None)
+    assert rec["fit"]["fitted"] == ["hbm_efficiency_sm90", "step_overhead_s"]  # decode only: no prefill term
+    assert rec["coefficients"]["hbm_efficiency_sm90"] == pytest.approx(0.62, rel=0.05)
+    assert rec["coefficients"]["step_overhead_s"] == pytest.approx(0.004, rel=0.1)
+    assert "no effect" in rec["kept_defaults"]["mfu_sm90"]
+    assert rec["skipped"]["server-log: prefill in interval"] == 9 and rec["fit"]["n"] == 50
