@@ -1023,6 +1023,10 @@ REPEAT_OPT = typer.Option(1, "--repeat", help="Replay N times; runs 2.. are comp
                                                 "median step time, fitted coefficients; they agree within 3 %).")
 TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured steps through the Triton kernels "
                                                     "(TRITON_INTERPRET=1 on a CPU).")
+MEASURED_OPT = typer.Option([], "--measured", metavar="FILE", help="A real SGLang server's telemetry (repeatable): "
+                            "forward-pass metrics JSONL (`poolsim record`), server logs, bench_serving results.")
+DECODE_LOG_INTERVAL_OPT = typer.Option(40, "--decode-log-interval", help="The server's --decode-log-interval "
+                                                                         "(server logs).")
 
 
 @app.command()
@@ -1037,8 +1041,15 @@ def calibrate(
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Path = typer.Option(..., "--out", help="Folder for calibration.json, steps.csv, report.md, calibration.png."),
     repeat: int = REPEAT_OPT,
+    measured: list[Path] = MEASURED_OPT,
+    decode_log_interval: int = DECODE_LOG_INTERVAL_OPT,
 ) -> None:
-    """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json."""
+    """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json.
+    With --measured: fit it from a real SGLang server's telemetry instead (no device)."""
+    if measured:
+        if trace is not None:
+            _fail(ValueError("--measured fits a server's telemetry; a trace is for the device replay: give one"))
+        return _calibrate_measured(server, measured, decode_log_interval, out)
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True,
                   repeat)
     f = rec["fit"]
@@ -1062,14 +1073,28 @@ def calibrate(
 def validate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    calibration: Path = typer.Option(..., "--calibration", help="calibration.json from `poolsim calibrate`."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration.json from `poolsim "
+                                               "calibrate` (with --measured, optional: default the shipped one)."),
     fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here."),
+    measured: list[Path] = MEASURED_OPT,
+    decode_log_interval: int = DECODE_LOG_INTERVAL_OPT,
+    as_json: bool = typer.Option(False, "--json", help="With --measured: print one JSON object."),
+    bench_seed: Optional[int] = typer.Option(None, "--bench-seed", help="With --measured bench_serving results: "
+                                             "their --seed (not in the result; default 42, bench_serving's)."),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="With --measured bench_serving "
+                                                "results: the ShareGPT JSON of random / sharegpt runs."),
 ) -> None:
-    """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit."""
+    """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit.
+    With --measured: poolsim against a real SGLang server's telemetry (per step, and per bench_serving run)."""
+    if measured:
+        return _validate_measured(server, measured, decode_log_interval, calibration, as_json, bench_seed,
+                                  dataset_path)
+    if calibration is None:
+        _fail(ValueError("--calibration is required (the file to validate), or --measured FILE"))
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
                   calibration, False)
     f = rec["fit"]
@@ -1079,6 +1104,70 @@ def validate(
     e2e = f["end_to_end"]
     typer.echo(f"end to end: predicted {e2e['predicted_s']:.4g} s, measured {e2e['measured_s']:.4g} s, "
                f"error {e2e['error']:+.2%}; MAPE {f['mape']:.2%} over {f['n']} steps")
+
+
+# ---------------------------------------------------------------- a real server's telemetry
+
+
+def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: int, out: Path) -> None:
+    from poolsim.telemetry import TelemetryError, load_measured
+    from poolsim.telemetry.fit import calibrate_measured
+    from poolsim.telemetry.summary import calibrate_lines
+
+    try:
+        steps, runs = load_measured(paths, decode_log_interval)
+        if not steps:
+            raise ValueError("--measured: no forward-pass metrics or server log among the files (bench_serving "
+                             "results are per run: `poolsim validate --measured` compares them)")
+        model, gpu, args, overhead = _server(server)
+        rec = calibrate_measured(steps, model, gpu, args, runtime_overhead_gib=overhead, out=out, log=typer.echo)
+    except (TelemetryError, ValueError, OSError) as e:
+        _fail(e)
+    typer.echo("\n".join(calibrate_lines(rec, out)))
+
+
+def _validate_measured(server, paths, decode_log_interval, calibration, as_json, bench_seed, dataset_path) -> None:
+    from poolsim.pools.errors import PoolError
+    from poolsim.telemetry import TelemetryError, load_measured
+    from poolsim.telemetry.summary import validate_lines
+    from poolsim.telemetry.validate import validate_runs, validate_steps
+
+    try:
+        steps, runs = load_measured(paths, decode_log_interval)
+        model, gpu, args, overhead = _server(server)
+        result = validate_steps(steps, model, gpu, args, calibration=calibration,
+                                runtime_overhead_gib=overhead) if steps else {}
+        if runs:
+            result["runs"] = validate_runs(runs, model, gpu, args, calibration=calibration,
+                                           runtime_overhead_gib=overhead, seed=bench_seed, dataset_path=dataset_path)
+    except (TelemetryError, ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+        return
+    typer.echo("\n".join(validate_lines(result)))
+
+
+@app.command()
+def record(
+    fpm: list[str] = typer.Option(..., "--fpm", metavar="ENDPOINT", help="The server's forward-pass metrics "
+                                  "endpoint, BASE.RANK (repeatable: one per dp rank), e.g. ipc:///tmp/fpm.0."),
+    out: Path = typer.Option(..., "--out", help="JSONL file to write (must not exist)."),
+    max_messages: Optional[int] = typer.Option(None, "--max-messages", help="Stop after N messages."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds."),
+) -> None:
+    """Subscribe to a running SGLang server's forward-pass metrics (--enable-forward-pass-metrics) and write them as
+    JSONL, one ForwardPassMetrics per line with a receive timestamp (pip install 'poolsim[telemetry]')."""
+    from poolsim.telemetry.record import record as run_record
+    from poolsim.telemetry.summary import record_line
+
+    try:
+        summary = run_record(fpm, out, max_messages=max_messages, duration_s=duration)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    typer.echo(record_line(summary))
 
 
 if __name__ == "__main__":
