@@ -22,7 +22,7 @@ import typer  # noqa: E402
 
 from poolsim.sim import ROUTERS  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Capacity planner for LLM-serving memory: SGLang's pools, radix cache and scheduler, simulated.")
 
 
@@ -408,6 +408,7 @@ def run(
         check_step_time(step_time, calibration)
         check_table_format(table_format)
         out_state = None if out is None else check_out_dir(out)  # before the (long) simulation
+        second = None if compare_model is None else ModelConfig.load(compare_model, "--compare-model")
         loaded = _load_trace(trace, fmt, skip_bad_lines)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
                 "requests": len(loaded), "skipped_lines": loaded.skipped_lines}
@@ -420,7 +421,7 @@ def run(
                                              quiet or as_json, not as_json))]
             if compare_model:
                 _, gpu, args, overhead = primary
-                other = (ModelConfig.load(compare_model), gpu, second_model_args(args, compare_tp), overhead)
+                other = (second, gpu, second_model_args(args, compare_tp), overhead)
                 results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
                                                      quiet or as_json, not as_json)))
             if tmp is not None:
@@ -661,7 +662,7 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print one JSON list
         typer.echo(f"{key:<10} {g.name:<16} {g.total_bytes / 2**30:>7.1f} GiB {g.hbm_bandwidth / 1e12:>5.2f} TB/s "
                    f"{g.bf16_flops / 1e12:>8,.0f} TF {fp8:>11}  {g.arch}")
 
-trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
+trace_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Request traces: inspect, convert, generate, slice and scale.")
 app.add_typer(trace_app, name="trace")
 
@@ -709,13 +710,21 @@ def _poolsim_trace(path: Path) -> bool:
         return False
 
 
-def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
+def _wrote(trace, out: Path, as_json: bool, force: bool, empty: str = "the result holds no request") -> None:
+    """Write ``trace`` to ``out`` atomically; a trace with no request is an error (``empty`` says why) and leaves
+    ``out`` as it was: `run` would refuse it, and a poolsim-format file would then need --force to replace."""
     from poolsim.app.output import write_file
     from poolsim.traces import write_trace
 
     _check_out(out, force, trace.source_path)
     written = []
-    write_file(out, lambda tmp: written.append(write_trace(trace, tmp)), force, _poolsim_trace)
+
+    def write(tmp):
+        written.append(write_trace(trace, tmp))
+        if not written[0]:
+            raise ValueError(f"{empty}; nothing written to {out}")
+
+    write_file(out, write, force, _poolsim_trace)
     n = written[0]
     info = {"path": str(out), "requests": n, "skipped_lines": trace.skipped_lines}
     if as_json:
@@ -786,8 +795,11 @@ def trace_slice(file: Path = FILE_ARG, out: Path = OUT_ARG, start: float = typer
     from poolsim.traces import slice_trace
 
     with _one_line_errors():
+        if not (math.isfinite(start) and 0 <= start < end) or math.isnan(end):
+            raise ValueError(f"--start {start:g} --end {end:g}: need 0 <= --start < --end (seconds)")
         _check_out(out, force, file)
-        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json, force)
+        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json, force,
+               f"{file} has no request arriving in [{start:g} s, {end:g} s)")
 
 
 @trace_app.command("scale")
@@ -838,6 +850,15 @@ def trace_generate(
         presets = {"chat": chat_spec, "agent": agent_spec}
         if preset not in presets:
             raise ValueError(f"unknown preset {preset!r}: chat or agent")
+        for flag, value in (("--sessions", sessions), ("--system-prompt-fanout", system_prompt_fanout),
+                            ("--max-new-tokens", max_new_tokens), ("--max-prompt-len", max_prompt_len)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} {value}: must be >= 1")
+        for flag, value in (("--cv", cv), ("--think-time", think_time)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{flag} {value}: must be a finite number >= 0")
+        if system_prompt_len is not None and system_prompt_len < 0:
+            raise ValueError(f"--system-prompt-len {system_prompt_len}: must be >= 0")
         given = dict(num_sessions=sessions, cv=cv, think_time_s=think_time, system_prompt_len=system_prompt_len,
                      system_prompt_fanout=system_prompt_fanout, max_new_tokens=max_new_tokens,
                      max_prompt_len=max_prompt_len, ignore_eos=ignore_eos or None,
@@ -936,6 +957,8 @@ def bench(
 
     try:
         check_step_time(step_time, calibration)
+        if tokenizer_vocab_size is not None and tokenizer_vocab_size < 1:
+            raise ValueError(f"--tokenizer-vocab-size {tokenizer_vocab_size}: must be >= 1")
         rates = _bench_list("--request-rate", request_rate, float)
         limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
         configs = bench_configs(rates, limits, dataset_name=dataset_name, num_prompts=num_prompts,

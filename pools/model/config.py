@@ -176,7 +176,9 @@ class ModelConfig:
         return sorted(p.stem for p in CATALOG_DIR.glob("*.json"))
 
     @staticmethod
-    def load(name_or_path: str | Path) -> "ModelConfig":
+    def load(name_or_path: str | Path, flag: str = "--model") -> "ModelConfig":
+        """A config.json path (or a folder holding one) or a catalog name; ``flag``: the option that named it, for
+        the error."""
         path = Path(name_or_path).expanduser()
         if path.is_dir():
             path = path / "config.json"
@@ -187,7 +189,7 @@ class ModelConfig:
         bundled = CATALOG_DIR / f"{key}.json"
         if bundled.is_file():
             return ModelConfig.from_file(bundled, name=str(name_or_path).strip().lower())
-        raise ValueError(f"--model {name_or_path!r} is neither a config.json nor a catalog name; "
+        raise ValueError(f"{flag} {name_or_path!r} is neither a config.json nor a catalog name; "
                          f"known: {', '.join(ModelConfig.catalog_names() + sorted(CATALOG_ALIASES))}")
 
     @staticmethod
