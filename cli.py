@@ -474,14 +474,14 @@ def sweep(
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from poolsim.app.output import check_out_dir, publish_dir
+    from poolsim.app.run import check_run_options
     from poolsim.app.sweep import apply_slo, base_config, parse_gpu_cost, parse_grid, run_sweep, write_sweep
     from poolsim.traces import DEFAULT_TRACE
 
     try:
         if out is not None:
             check_out_dir(out)  # before the (long) sweep
-        if slo_on not in ("e2e", "ttft"):
-            raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
+        check_run_options(slo_on=slo_on, slo_p99_s=slo_p99_s)
         axes = parse_grid(grid)
         costs = parse_gpu_cost(gpu_cost)
         base = base_config(server, axes)

@@ -19,7 +19,7 @@ def load_server(flags: dict) -> tuple[ModelConfig, GPUSpec, ServerArgs, float | 
     ``runtime_overhead_gib``, the custom-GPU ones and every ServerArgs field by its name."""
     overhead = flags["runtime_overhead_gib"]
     if overhead is not None and not (isinstance(overhead, (int, float)) and math.isfinite(overhead) and overhead >= 0):
-        raise ValueError(f"--runtime-overhead-gib {overhead}: must be a finite number of GiB >= 0")
+        raise ValueError(f"--runtime-overhead-gib {overhead:g}: must be a finite number of GiB >= 0")
     model = ModelConfig.load(flags["model"])
     gpu = load_gpu(flags["gpu"], *(flags[k] for k in CUSTOM_GPU_FLAGS))
     args = ServerArgs(**{f.name: flags[f.name] for f in fields(ServerArgs)})  # its numbers checked on creation

@@ -119,6 +119,11 @@ _AT_LEAST_1 = ("dp_size", "page_size", "max_prefill_tokens", "scheduler_recv_int
 _POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
 
 
+def _text(v) -> str:
+    """A number as the user typed it: 1.5, -1, inf (not -1.0)."""
+    return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
+
+
 def _flag(name: str) -> str:
     return next((f.names[0] for f in SERVER_FLAGS if f.field == name), "--" + name.replace("_", "-"))
 
@@ -133,10 +138,10 @@ def check_numbers(args: ServerArgs) -> None:
     for name in _POSITIVE:
         v = getattr(args, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{_flag(name)} {v}: must be a finite number > 0")
+            raise ValueError(f"{_flag(name)} {_text(v)}: must be a finite number > 0")
     c = args.chunked_prefill_size
     if c is not None and (isinstance(c, bool) or not isinstance(c, int) or (c < 1 and c != -1)):
         raise ValueError(f"{_flag('chunked_prefill_size')} {c}: must be >= 1, or -1 to disable chunking")
     m = args.mem_fraction_static
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < 1):
-        raise ValueError(f"{_flag('mem_fraction_static')} {m}: must be a fraction between 0 and 1")
+        raise ValueError(f"{_flag('mem_fraction_static')} {_text(m)}: must be a fraction between 0 and 1")
