@@ -1133,6 +1133,7 @@ def validate(
 
 
 def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: int, out: Path) -> None:
+    from poolsim.app.server import load_server
     from poolsim.telemetry import TelemetryError, load_measured
     from poolsim.telemetry.fit import calibrate_measured
     from poolsim.telemetry.summary import calibrate_lines
@@ -1142,7 +1143,7 @@ def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: in
         if not steps:
             raise ValueError("--measured: no forward-pass metrics or server log among the files (bench_serving "
                              "results are per run: `poolsim validate --measured` compares them)")
-        model, gpu, args, overhead = _server(server)
+        model, gpu, args, overhead = load_server(server)
         rec = calibrate_measured(steps, model, gpu, args, runtime_overhead_gib=overhead, out=out, log=typer.echo)
     except (TelemetryError, ValueError, OSError) as e:
         _fail(e)
@@ -1150,6 +1151,7 @@ def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: in
 
 
 def _validate_measured(server, paths, decode_log_interval, calibration, as_json, bench_seed, dataset_path) -> None:
+    from poolsim.app.server import load_server
     from poolsim.pools.errors import PoolError
     from poolsim.telemetry import TelemetryError, load_measured
     from poolsim.telemetry.summary import validate_lines
@@ -1157,7 +1159,7 @@ def _validate_measured(server, paths, decode_log_interval, calibration, as_json,
 
     try:
         steps, runs = load_measured(paths, decode_log_interval)
-        model, gpu, args, overhead = _server(server)
+        model, gpu, args, overhead = load_server(server)
         result = validate_steps(steps, model, gpu, args, calibration=calibration,
                                 runtime_overhead_gib=overhead) if steps else {}
         if runs:

@@ -14,7 +14,6 @@ all-to-all between the GPUs of one server can use), from the vendor's interconne
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass
 
 MIB = 2**20
