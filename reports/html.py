@@ -74,6 +74,8 @@ def load_run(run_dir: str | Path) -> Run:
                 json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ReportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+            except UnicodeDecodeError:
+                raise ReportError(f"{path}: not a text file (binary content where JSON belongs)") from None
     tables = {t: table_path(d, t) for t in ("steps", "requests")}
     for path in tables.values():
         if path.exists() and path.stat().st_size == 0:
