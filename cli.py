@@ -293,6 +293,47 @@ def _simulate(trace, server: tuple, opts: dict, trace_info: dict, quiet: bool, a
                         progress=progress, plan=plan, **opts)
 
 
+def _suggest(result, trace, server: tuple, opts: dict, quiet: bool) -> None:
+    """DOES NOT FIT: the smallest change that fits (app/suggest.py), recorded in run.json as ``would_fit`` (the
+    flags, and the command line with them) for the console and the report."""
+    from poolsim.app.suggest import what_would_fit
+
+    if result.summary["verdict_status"] != "does_not_fit":
+        return
+    model, gpu, args, overhead = server
+    if not quiet:
+        typer.echo("it does not fit: simulating a few larger servers to say what would ...", err=True)
+    found = what_would_fit(trace, model, gpu, args, runtime_overhead_gib=overhead,
+                           **{k: v for k, v in opts.items() if k in ("seed", "max_new_tokens", "router", "step_time",
+                                                                      "calibration", "slo_p99_s", "slo_on")})
+    result.run["would_fit"] = None if found is None else {**found.to_dict(), "command": _command_with(found.flags)}
+    if found is None:
+        from poolsim.app.suggest import candidates
+
+        result.run["would_fit_tried"] = [" ".join(f"{k} {v}" for k, v in f.items()) for f, _, _ in
+                                         candidates(gpu, args)]
+
+
+def _command_with(flags: dict) -> str:
+    """This command line with ``flags`` set (an alias the user typed is replaced in place, else appended)."""
+    import shlex
+
+    aliases = {"--dp": ("--dp", "--dp-size"), "--tp": ("--tp", "--tp-size"), "--gpu": ("--gpu",)}
+    argv = ["poolsim", *sys.argv[1:]]
+    for flag, value in flags.items():
+        names = aliases.get(flag, (flag,))
+        for i, arg in enumerate(argv):
+            if arg in names and i + 1 < len(argv):
+                argv[i + 1] = str(value)
+                break
+            if arg.split("=", 1)[0] in names and "=" in arg:
+                argv[i] = f"{arg.split('=', 1)[0]}={value}"
+                break
+        else:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
+
+
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
     from poolsim.reports import units
 
@@ -389,6 +430,9 @@ def run(
     table_format: str = typer.Option("csv", "--table-format",
                                      help="Step and request tables under --out: csv, or parquet (needs pyarrow: "
                                           "the parquet extra)."),
+    suggest: bool = typer.Option(True, "--suggest/--no-suggest",
+                                 help="When it does not fit: simulate a few larger servers (dp x2, tp x2, the next "
+                                      "larger GPU, dp x4) and name the first that fits."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from contextlib import nullcontext
@@ -424,6 +468,8 @@ def run(
                 other = (second, gpu, second_model_args(args, compare_tp), overhead)
                 results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
                                                      quiet or as_json, not as_json)))
+            if suggest and not compare_model:
+                _suggest(results[0][1], loaded, primary, opts, quiet or as_json)
             if tmp is not None:
                 write_runs(tmp, dirs, [r for _, r in results], table_format)
     except (ValueError, OSError) as e:  # also: another run took the folder meanwhile
@@ -436,6 +482,11 @@ def run(
         typer.echo(json.dumps(payload, indent=2, default=float))
         return
     _print_summaries(labels, [r.summary for _, r in results])
+    fit = results[0][1].run.get("would_fit")
+    if fit is not None:
+        typer.echo(f"would fit: {fit['command']}  ({fit['gpus']} GPUs: {fit['verdict_status'].replace('_', ' ')})")
+    elif "would_fit" in results[0][1].run:
+        typer.echo(f"would fit: none of {', '.join(results[0][1].run['would_fit_tried'])} (try `poolsim sweep`)")
     typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if calibration is not None:
         from poolsim.kernels.calibrate import describe

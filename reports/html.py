@@ -34,6 +34,7 @@ from poolsim.reports.tables import (
     summary_tables,
     verdict_facts,
     verdict_state,
+    would_fit_fact,
 )
 from poolsim.sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
@@ -242,7 +243,8 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Pat
                [(n.split(".", 1)[1], _csv_value(v), u) for n, v, u in summary_rows(r.summary)])
     page = _env().get_template("report.html.j2").render(
         title=_title(r.run, r.label), run_label=r.label, state=verdict_state(r.summary),
-        verdict=r.summary["verdict"], facts=verdict_facts(r.summary), config=configuration(r.run),
+        verdict=r.summary["verdict"], facts=verdict_facts(r.summary) + would_fit_fact(r.run),
+        config=configuration(r.run),
         figures=figures, tables=summary_tables(r.summary), definitions=definitions_for_page(),
         files=[{"name": f.name, "href": Path(os.path.relpath(f, out)).as_posix()}
                for f in run_files(r.dir) if f.exists()])

@@ -108,3 +108,32 @@ def test_a_bad_grid_value_is_that_rows_error_not_the_sweeps_end():
     rows = {r["mamba_track_interval"]: r for r in json.loads(res.stdout)["configs"]}
     assert rows[0]["error"] == "--mamba-track-interval 0: must be a whole number >= 1"
     assert rows[256]["error"] == "" and rows[256]["throughput_tok_s"] > 0
+
+
+def test_does_not_fit_names_the_smallest_change_that_fits(tmp_path):
+    """Llama-3.1-70B on 4 H100s cannot keep up with the Mooncake head: the search tries dp x2, tp x2, the H200, dp
+    x4 in that order and names the first that fits, in the console, run.json and the report."""
+    from pathlib import Path
+
+    from poolsim.app.suggest import _larger_gpu, candidates
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.sizing.server_args import ServerArgs
+
+    assert [f for f, _, _ in candidates(get_gpu("H100"), ServerArgs(tp_size=4))] == [
+        {"--dp": 2}, {"--tp": 8}, {"--gpu": "H200"}, {"--dp": 4}]
+    assert _larger_gpu(get_gpu("H100"))[0] == "h200"  # not the A100 80GB: a few MiB more, but slower
+    assert _larger_gpu(get_gpu("MI300X")) is None
+    trace = Path(__file__).parents[1] / "traces" / "data" / "mooncake_conversation_head400.jsonl"
+    out = tmp_path / "r"
+    res = runner.invoke(app, ["run", str(trace), "--model", "llama-3.1-70b", "--gpu", "H100", "--tp", "4", "--quiet",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    fit = run["would_fit"]
+    assert fit["tried"][-1] == " ".join(f"{k} {v}" for k, v in fit["flags"].items())  # the first that fit, last tried
+    assert fit["verdict_status"] != "does_not_fit" and fit["command"].endswith(fit["tried"][-1])
+    assert f"would fit: {fit['command']}" in res.output
+    assert "What would fit</a>: <code>" in (out / "report.html").read_text()
+    res = runner.invoke(app, ["run", str(trace), "--model", "llama-3.1-70b", "--gpu", "H100", "--tp", "4", "--quiet",
+                              "--no-suggest", "--json"])
+    assert res.exit_code == 0 and "would fit" not in res.output
