@@ -1019,9 +1019,15 @@ def bench(
                                 sharegpt_output_len=sharegpt_output_len, sharegpt_context_len=sharegpt_context_len,
                                 burstiness=burstiness, range_style=range_style, sharegpt_standin=standin)
         model, gpu, args, overhead = load_server(server)
-        sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
-                               calibration=str(calibration) if calibration else None,
-                               runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
+        total = sum(c.num_prompts + c.warmup_requests for c in configs)
+        if not as_json:  # drawing a million prompts takes a while too: say so before the bar starts
+            typer.echo(f"drawing {total:,} prompts ({', '.join(sorted({c.dataset_name for c in configs}))}) ...",
+                       err=True)
+        with RunProgress(total, f"bench {model.name}", show=not as_json) as progress:
+            sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+                                            calibration=str(calibration) if calibration else None,
+                                            runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size,
+                                            progress=progress)
     except (ValueError, OSError) as e:
         _fail(e)
     except (RuntimeError, PoolError) as e:
