@@ -1020,7 +1020,7 @@ def bench(
                                 burstiness=burstiness, range_style=range_style, sharegpt_standin=standin)
         model, gpu, args, overhead = load_server(server)
         total = sum(c.num_prompts + c.warmup_requests for c in configs)
-        if not as_json:  # drawing a million prompts takes a while too: say so before the bar starts
+        if not as_json and total >= 10_000:  # drawing a million prompts takes a while too: say so first
             typer.echo(f"drawing {total:,} prompts ({', '.join(sorted({c.dataset_name for c in configs}))}) ...",
                        err=True)
         with RunProgress(total, f"bench {model.name}", show=not as_json) as progress:
