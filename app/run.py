@@ -193,6 +193,9 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     for a caller that has the whole table on disk. ``plan``: ``plan_memory(model, gpu, args, runtime_overhead_gib=
     runtime_overhead_gib)`` when the caller has it already (it is not planned again)."""
     check_run_options(router, max_concurrency, slo_on, slo_p99_s)
+    if args.attn_dp_size > 1:  # one scheduler per attention-DP group, in lockstep: not simulated yet
+        raise ValueError(f"--attn-dp-size {args.attn_dp_size}: run does not yet simulate one scheduler per "
+                         "attention-DP group; `poolsim plan` sizes this server")
     if plan is None:
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args)

@@ -311,12 +311,19 @@ class ModelConfig:
         return int(sum(t.numel * t.active for t in self.weight_tensors()
                        if not t.runtime_copy and t.name != "embed_tokens"))
 
-    def weight_bytes_per_rank(self, tp: int, gpu_arch: str = "sm90") -> int:
-        """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank."""
+    def weight_bytes_per_rank(self, tp: int, gpu_arch: str = "sm90", *, attn_tp: int | None = None,
+                              dense_tp: int | None = None) -> int:
+        """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank.
+
+        ``attn_tp``: under attention DP (``--attn-dp-size``), the attention projections and the input embedding
+        shard over the attention-TP group of tp / attn_dp ranks instead of all tp (``weight_group``);
+        ``dense_tp``: the dense MLP's width (``--moe-dense-tp-size 1`` replicates it). None: tp.
+        """
         model_bytes = dtype_bytes(self.dtype)
+        widths = {"tp": tp, "attn_tp": attn_tp or tp, "dense_tp": dense_tp or tp}
         total = 0
         for t in self.weight_tensors(gpu_arch):
-            out, inp = t.shape_per_rank(tp)
+            out, inp = t.shape_per_rank(widths[weight_group(t)])
             if t.dtype_bytes is not None:
                 width = t.dtype_bytes
             elif t.quantized and self.quant_method == "fp8":
@@ -340,6 +347,20 @@ class ModelConfig:
     def weight_bytes_per_param(self) -> float:
         """Average stored bytes per parameter (1 plus scales for fp8 checkpoints, 2 for bf16)."""
         return self.weight_bytes_per_rank(1) / self.param_count()
+
+
+def weight_group(t: WeightTensor) -> str:
+    """Which process group shards a tensor: ``attn_tp`` for the attention projections (``parallel_group="attn_tp"``,
+    models/deepseek_v2.py:2077-2161, models/qwen3.py:164-211) and the input embedding under attention DP
+    (get_embedding_tp_kwargs, layers/vocab_parallel_embedding.py:182-185; models/qwen2.py:370-374);
+    ``dense_tp`` for the dense MLP (models/deepseek_v2.py:2665); ``tp`` for the rest: the LM head
+    (``use_attn_tp_group=enable_dp_lm_head``, off by default: models/deepseek_v2.py:3291-3296), the MoE experts,
+    the shared experts (models/deepseek_v2.py:888-896) and replicated tensors."""
+    if t.name.startswith("attn.") or t.name == "embed_tokens":
+        return "attn_tp"
+    if t.name.startswith("mlp."):
+        return "dense_tp"
+    return "tp"
 
 
 def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:

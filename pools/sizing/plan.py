@@ -50,6 +50,7 @@ from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing 
     resolve_mamba_strategy,
     split_mamba_budget,
 )
+from poolsim.pools.sizing.parallel import ParallelLayout, resolve_layout, weight_bytes_per_rank
 from poolsim.pools.sizing.pool_configurator import pool_configurator
 from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.pools.sizing.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
@@ -143,6 +144,14 @@ class MemoryPlan:
     swa_kv_head_num: int | None = None
     swa_head_dim: int | None = None
     swa_v_head_dim: int | None = None
+    # parallelism (pools/sizing/parallel.py): every size above is per rank; max_running_requests and the KV
+    # pool are one attention-DP group's
+    attn_dp_size: int = 1
+    attn_tp_size: int | None = None  # None: tp_size (plans made before the field existed)
+    ep_size: int = 1
+    pp_size: int = 1
+    nnodes: int = 1
+    moe_dense_tp_size: int | None = None
     # DeepSeek sparse attention (None otherwise)
     index_head_dim: int | None = None
     index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
@@ -166,9 +175,28 @@ class MemoryPlan:
                    "mamba_strategy": "strategy", "overlap_forced_off": "overlap_forced_off",
                    "linear_attn_kind": "kind", "linear_layer_ids": "layer_ids"}
 
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(tp=self.tp_size, attn_tp=self.attn_tp_size or self.tp_size, attn_dp=self.attn_dp_size,
+                              ep=self.ep_size, pp=self.pp_size, nnodes=self.nnodes)
+
+    @property
+    def server_max_total_num_tokens(self) -> int:
+        """KV tokens the whole server holds: each attention-DP group its own requests' (plain TP: every rank
+        holds a shard, or for MLA a replica, of the same tokens)."""
+        return self.max_total_num_tokens * self.attn_dp_size
+
+    @property
+    def server_max_running_requests(self) -> int:
+        return self.max_running_requests * self.attn_dp_size
+
     def to_dict(self) -> dict:
-        """Flat fields, with the hybrid ones nested under ``mamba`` (None for non-hybrid models)."""
+        """Flat fields, with the hybrid ones nested under ``mamba`` (None for non-hybrid models) and the layout
+        under ``parallel``."""
         d = {k: v for k, v in asdict(self).items() if k not in self._MAMBA_KEYS}
+        d["parallel"] = self.layout.to_dict()
+        d["server_max_total_num_tokens"] = self.server_max_total_num_tokens
+        d["server_max_running_requests"] = self.server_max_running_requests
         d["mamba"] = ({out: getattr(self, k) for k, out in self._MAMBA_KEYS.items()} if self.is_hybrid else None)
         return d
 
@@ -202,10 +230,22 @@ class MemoryPlan:
         return MambaCacheParams(shape=shape, layers=list(self.linear_layer_ids), conv_dtype=self.mamba_conv_dtype,
                                 ssm_dtype=self.mamba_ssm_dtype)
 
+    def _layout_rows(self) -> list[tuple[str, str]]:
+        """The ranks and what each holds, when the server is more than one plain TP group."""
+        if self.attn_dp_size == 1:
+            return []
+        lay = self.layout
+        return [("layout", f"{lay.gpus} GPUs: tp {lay.tp} = {lay.attn_dp} attention-DP groups x attn_tp "
+                           f"{lay.attn_tp}, one scheduler each (ep {lay.ep}, pp {lay.pp}, nnodes {lay.nnodes})"),
+                ("each rank holds", f"attention and embedding 1/{lay.attn_tp} (replicated {lay.attn_dp}x vs "
+                                    f"plain tp), LM head and MoE 1/{lay.tp}, dense MLP "
+                                    f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows")]
+
     def table(self, concurrency: list["Concurrency"] | None = None) -> str:
         """The plan as a compact human-readable table."""
         rows = [
             ("model / gpu / tp", f"{self.model} / {self.gpu} / {self.tp_size}"),
+            *self._layout_rows(),
             ("attention", f"{self.attention_arch.upper()} via {self.attention_backend}, KV {self.kv_cache_dtype}, "
                           f"page {self.page_size}"),
             ("mem_fraction_static", f"{self.mem_fraction_static}"),
@@ -220,7 +260,10 @@ class MemoryPlan:
             ("cell size", f"{self.cell_size_bytes:,} B/token over {self.kv_layer_num} KV layers"
                           + (f" (SWA layers weighted by swa_full_tokens_ratio {self.swa_full_tokens_ratio})"
                              if self.is_hybrid_swa else "")),
-            ("max_total_num_tokens", f"{self.max_total_num_tokens:,}"),
+            ("max_total_num_tokens", f"{self.max_total_num_tokens:,}"
+                                     + (f" per rank; whole server {self.server_max_total_num_tokens:,} "
+                                        f"({self.attn_dp_size} DP groups, each its own requests)"
+                                        if self.attn_dp_size > 1 else "")),
         ]
         if self.is_hybrid_swa:
             rows += [("sliding window", f"{self.sliding_window} tokens on {len(self.swa_layer_ids)} of "
@@ -250,7 +293,9 @@ class MemoryPlan:
                      ("mamba strategy", f"{self.mamba_strategy}, {self.mamba_ratio} slots per running request"
                                         + (", overlap scheduler forced off" if self.overlap_forced_off else ""))]
         rows += [("max_running_requests", f"{self.max_running_requests:,}"
-                                          + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")),
+                                          + (" (capped by mamba slots)" if self.rows_capped_by_mamba else "")
+                                          + (f" per DP group; {self.server_max_running_requests:,} in all"
+                                             if self.attn_dp_size > 1 else "")),
                  ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
                                         f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
         rows += [("note", n) for n in self.notes]
@@ -258,7 +303,8 @@ class MemoryPlan:
         width = max(len(k) for k, _ in rows)
         out = [f"{k:<{width}}  {v}" for k, v in rows]
         if concurrency:
-            out += ["", f"{'context len':>12}  {'max concurrency':>15}  {'KV limit':>10}  binds first"]
+            out += ["", f"{'context len':>12}  {'max concurrency':>15}  {'KV limit':>10}  binds first"
+                        + ("  (whole server)" if self.attn_dp_size > 1 else "")]
             out += [f"{c.context_len:>12,}  {c.max_concurrency:>15,}  {c.kv_limit:>10,}  {c.binding}"
                     for c in concurrency]
         return "\n".join(out)
@@ -284,12 +330,14 @@ def make_kv_pool(model: ModelConfig, tp: int, size: int, page_size: int, dtype: 
 
 
 def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requests: int | None,
-                         max_mamba_cache_size: int | None = None, ratio: int = 1) -> tuple[int, bool]:
-    """resolve_max_num_reqs (kv_cache_configurator.py:3119-3172), dp 1. Returns (rows, capped by mamba)."""
+                         max_mamba_cache_size: int | None = None, ratio: int = 1,
+                         attn_dp: int = 1) -> tuple[int, bool]:
+    """resolve_max_num_reqs (kv_cache_configurator.py:3119-3172), rows per attention-DP worker: a requested
+    --max-running-requests is split over the groups (:3127-3128). Returns (rows, capped by mamba)."""
     estimated = int(token_capacity / context_len * 512)  # rows: 512 per context's worth of tokens
     estimated = max(min(estimated, 4096), 2048)  # rows: clamped to [2048, 4096]
     if max_running_requests is not None:
-        max_num_reqs = min(max(1, max_running_requests), token_capacity // 2)
+        max_num_reqs = min(max(1, max_running_requests // attn_dp), token_capacity // 2)
     else:
         max_num_reqs = min(estimated, token_capacity // 2)
     capped = False
@@ -303,18 +351,22 @@ def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requ
     return max_num_reqs, capped
 
 
-def validate_tp(model: ModelConfig, tp: int) -> None:
-    """The tp divisibility asserts SGLang's model classes make (e.g. models/llama.py:183-193)."""
+def validate_tp(model: ModelConfig, tp: int, attn_tp: int | None = None) -> None:
+    """The tp divisibility asserts SGLang's model classes make (e.g. models/llama.py:183-193). ``attn_tp``: the
+    attention-TP width under attention DP, which the attention heads must divide instead
+    (models/deepseek_v2.py:2057, models/qwen3.py:166-177)."""
     if tp < 1:
         raise SizingError(f"--tp {tp} must be >= 1")
     heads, kv = model.num_attention_heads, model.num_key_value_heads
+    atp = attn_tp or tp
+    flag = f"--tp {tp}" if atp == tp else f"attention TP {atp} (--tp {tp} / --attn-dp-size {tp // atp})"
     if model.full_attention_layer_ids:
-        if heads % tp:
-            raise SizingError(f"--tp {tp} does not divide num_attention_heads {heads}")
-        if not model.use_mla and kv >= tp and kv % tp:
-            raise SizingError(f"--tp {tp} does not divide num_key_value_heads {kv}")
-        if not model.use_mla and kv < tp and tp % kv:
-            raise SizingError(f"--tp {tp} is not a multiple of num_key_value_heads {kv}")
+        if heads % atp:
+            raise SizingError(f"{flag} does not divide num_attention_heads {heads}")
+        if not model.use_mla and kv >= atp and kv % atp:
+            raise SizingError(f"{flag} does not divide num_key_value_heads {kv}")
+        if not model.use_mla and kv < atp and atp % kv:
+            raise SizingError(f"{flag} is not a multiple of num_key_value_heads {kv}")
     swa = model.swa
     if swa is not None and model.swa_layer_ids and not model.use_mla:  # Gemma4Attention's asserts (:344-352)
         swa_heads, swa_kv = swa.num_attention_heads or heads, swa.num_key_value_heads
@@ -349,7 +401,9 @@ def validate_gpu(model: ModelConfig, gpu: GPUSpec) -> None:
 def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
                 runtime_overhead_gib: float | None = None) -> MemoryPlan:
     tp = args.tp_size
-    validate_tp(model, tp)
+    layout = resolve_layout(model, args)
+    attn_tp, attn_dp = layout.attn_tp, layout.attn_dp
+    validate_tp(model, tp, attn_tp)
     validate_gpu(model, gpu)
     if args.page_size < 1 or args.page_size & (args.page_size - 1):
         raise SizingError(f"--page-size {args.page_size} is not a power of two")
@@ -373,7 +427,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     if model.is_hybrid:
         strategy, disable_overlap, overlap_forced_off = resolve_mamba_strategy(model, gpu, args)
     extra_buffer = strategy in ("extra_buffer", "extra_buffer_lazy")
-    backend, forced_page = resolve_attention_backend(model, gpu, args, kv_heads_per_rank(model, tp), extra_buffer)
+    backend, forced_page = resolve_attention_backend(model, gpu, args, kv_heads_per_rank(model, attn_tp),
+                                                     extra_buffer)
     page_size = resolve_page_size(model, gpu, backend, forced_page or args.page_size)
     if model.is_hybrid:
         _validate_mamba_strategy(strategy, page_size, disable_overlap, args)
@@ -386,12 +441,16 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         mem_fraction_static = default_mem_fraction_static(model, gpu, args, chunked)
     if backend == "aiter" and context_len > 8192:
         mem_fraction_static = mem_fraction_static * 0.85  # attention_hook.py:244-268 (explicit values too)
+    if attn_dp > 1:  # after the memory defaults: each DP group chunks its own prefill (parallel_hook.py:326-336)
+        chunked = chunked // attn_dp
+        if chunked == 0:
+            raise SizingError(f"--chunked-prefill-size {args.chunked_prefill_size} // --attn-dp-size {attn_dp} = 0")
 
     # _profile_available_bytes, in SGLang's GiB floats
     overhead = default_runtime_overhead_gib(tp) if runtime_overhead_gib is None else runtime_overhead_gib
     gpu_total = gpu.total_bytes / GIB  # GiB
     pre_model_load = gpu_total - overhead  # GiB free when SGLang takes its baseline
-    weights = model.weight_bytes_per_rank(tp, gpu.arch) / GIB  # GiB of weights on this rank
+    weights = weight_bytes_per_rank(model, layout, gpu.arch) / GIB  # GiB of weights on this rank
     available = pre_model_load - weights  # GiB free after loading weights
     slack = pre_model_load * (1 - mem_fraction_static)  # GiB kept for activations, graphs, req_to_token
     # mm_runtime_reservation_gb (kv_cache_configurator.py:202-219): a multimodal model keeps
@@ -429,7 +488,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
     warnings = []
-    conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+    # KV heads per rank: get_num_kv_heads(attn_tp) (kv_cache_configurator.py:1047-1048)
+    conf = pool_configurator(model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
                              swa_full_tokens_ratio=args.swa_full_tokens_ratio)
     cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
     sizes = conf.calculate_pool_sizes(available_bytes)
@@ -446,16 +506,18 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
 
     ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
     max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, args.max_running_requests,
-                                            mamba[2] if mamba else None, ratio)
+                                            mamba[2] if mamba else None, ratio, attn_dp)
     if max_reqs < 1:  # one rule for plan and run: a pool too small for a single request row
         raise SizingError(f"--max-total-tokens {args.max_total_tokens}: {max_total_num_tokens} KV tokens give "
                           f"{max_total_num_tokens} // 2 = 0 request rows; a server needs at least one")
     if capped:  # kv_cache_configurator.py:3140-3156
         warnings.append(f"max_running_requests is capped to {max_reqs} by the mamba state cache "
                         f"(max_mamba_cache_size={mamba[2]}, {ratio} state slots per request)")
-    elif args.max_running_requests is not None and max_reqs < args.max_running_requests:
-        warnings.append(f"max_running_requests was reduced from the requested {args.max_running_requests} to "
-                        f"{max_reqs} due to the available KV cache capacity")
+    elif args.max_running_requests is not None and max_reqs < max(1, args.max_running_requests // attn_dp):
+        requested = max(1, args.max_running_requests // attn_dp)
+        warnings.append(f"max_running_requests was reduced from the requested {requested} to "
+                        f"{max_reqs} " + ("(per dp worker) " if attn_dp > 1 else "")
+                        + "due to the available KV cache capacity")
     if max_total_num_tokens < context_len:  # tp_worker.py:555-566
         warnings.append(f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length {context_len}. "
                         "One full-length request cannot fit.")
@@ -501,7 +563,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         weights_gib_per_rank=weights, available_after_weights_gib=available, non_static_headroom_gib=slack,
         rest_gib=rest_before_mamba,
         cell_size_bytes=cell, kv_layer_num=len(model.full_attention_layer_ids),
-        kv_head_num=1 if model.use_mla else kv_heads_per_rank(model, tp),
+        kv_head_num=1 if model.use_mla else kv_heads_per_rank(model, attn_tp),
         head_dim=model.kv_lora_rank + model.qk_rope_head_dim if model.use_mla else model.head_dim,
         v_head_dim=0 if model.use_mla else model.v_head_dim,
         kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,
@@ -513,6 +575,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
         full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
+        attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size,
         disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
         **window_fields)
 
@@ -547,7 +610,7 @@ def _resolve_context_len(model: ModelConfig, args: ServerArgs) -> int:
 
 
 def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurrency]:
-    """How many requests of each total length fit at once, and which pool runs out first.
+    """How many requests of each total length fit at once in the whole server, and which pool runs out first.
 
     KV: whole pages per request (ceil_page(L)). Rows: max_running_requests, which for hybrids already
     counts ``mamba_ratio`` state slots per request; when that cap bound the rows, mamba slots bind.
@@ -556,7 +619,7 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
     rows = plan.max_running_requests
     for length in context_lens:
         if length > plan.max_req_len + 1:
-            out.append(Concurrency(length, 0, 0, rows, "context_len"))
+            out.append(Concurrency(length, 0, 0, rows * plan.attn_dp_size, "context_len"))
             continue
         pages = -(-length // plan.page_size) * plan.page_size  # tokens held, page-rounded
         kv_limit = plan.max_total_num_tokens // pages
@@ -566,7 +629,8 @@ def max_concurrency(plan: MemoryPlan, context_lens: list[int]) -> list[Concurren
             binding = "kv_tokens"
         else:
             binding = "mamba_slots" if plan.rows_capped_by_mamba else "request_rows"
-        out.append(Concurrency(length, min(kv_limit, rows), kv_limit, rows, binding))
+        dp = plan.attn_dp_size  # the whole server: each attention-DP group holds its own requests
+        out.append(Concurrency(length, min(kv_limit, rows) * dp, kv_limit * dp, rows * dp, binding))
     return out
 
 

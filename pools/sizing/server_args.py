@@ -14,6 +14,8 @@ from typing import NamedTuple
 class ServerArgs:
     tp_size: int = 1
     dp_size: int = 1
+    attn_dp_size: int = 1  # attention-DP groups inside the TP group (pools/sizing/parallel.py)
+    moe_dense_tp_size: int | None = None  # None: tp; 1 replicates the dense MLP (DeepSeek family)
     page_size: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"  # auto | bfloat16 | float16 | fp8_e4m3 | fp8_e5m2
@@ -65,6 +67,11 @@ class ServerFlag(NamedTuple):
 SERVER_FLAGS = (
     ServerFlag("tp_size", ("--tp", "--tp-size"), "The tensor parallelism size."),
     ServerFlag("dp_size", ("--dp", "--dp-size"), "Data-parallel replicas (each with tp GPUs)."),
+    ServerFlag("attn_dp_size", ("--attn-dp-size", "--attention-data-parallel-size"),
+               "The attention data parallelism size: the number of data-parallel attention groups inside the TP "
+               "group, one scheduler each, while the FFN stays tensor parallel."),
+    ServerFlag("moe_dense_tp_size", ("--moe-dense-tp-size",),
+               "TP size for MoE dense MLP layers: unset (tp) or 1 (replicated)."),
     ServerFlag("mem_fraction_static", ("--mem-fraction-static",),
                "The fraction of the memory used for static allocation (model weights and KV cache memory pool); "
                "unset: SGLang's default."),
@@ -114,7 +121,8 @@ SERVER_FLAGS = (
 # Numbers SGLang would reject or that make no server (a track interval of 0 divides by zero; a negative
 # conservativeness admits without bound): checked where a ServerArgs is made, so a sweep grid's bad value is that
 # row's error. tp is checked with the model (pools/sizing/plan.py validate_tp), whose heads it must divide.
-_AT_LEAST_1 = ("dp_size", "page_size", "max_prefill_tokens", "scheduler_recv_interval", "mamba_track_interval",
+_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "page_size", "max_prefill_tokens",
+               "scheduler_recv_interval", "mamba_track_interval",
                "context_length", "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
 _POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
 

@@ -111,6 +111,10 @@ def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill
     reserved = 0.0
     if not args.disable_cuda_graph:
         reserved += decode_max_bs * 2  # MiB: decode graphs
+    if args.attn_dp_size > 1:  # memory_hook.py:370-378: DP attention's padding, MiB
+        reserved += decode_max_bs * args.attn_dp_size * 3
+        if decode_max_bs > 300:
+            reserved += decode_max_bs * args.attn_dp_size * 1.5
     if prefill_cuda_graph_on(model, gpu, args):
         if model.use_mla:
             reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead

@@ -1,0 +1,91 @@
+"""How SGLang 0.5.23 lays a server's ranks out: tensor parallelism and attention data parallelism inside it.
+
+``--attn-dp-size N`` (``arg_groups/fields/parallel.py:81-89``; the deprecated ``--dp-size N --enable-dp-attention``
+resolves to it, ``server_args.py:319-332, 414-425``) splits the TP group of ``tp`` ranks into N attention-DP
+groups of ``attn_tp = tp / N`` ranks (``attn_tp_size`` is derived, ``arg_groups/fields/parallel.py:317-323``). Each
+group runs its own scheduler over its own requests, so its KV pool holds only its requests' KV; the FFN (dense
+MLP, MoE) stays tensor parallel over all ``tp`` ranks. What this changes in sizing, each from the wheel:
+
+- weights per rank: the attention projections and the input embedding shard over ``attn_tp``
+  (``pools/model/config.py weight_group``); the rest over ``tp``; ``--moe-dense-tp-size 1`` replicates the
+  dense MLP (``models/deepseek_v2.py:2665``; ``arg_groups/validation_hook.py:207-211``: None, 1 or tp);
+- KV heads per rank: ``get_num_kv_heads(attn_tp)`` (``mem_cache/kv_cache_configurator.py:1047-1048``); an MLA
+  latent is one head whatever the width, so it is the same cell, but each DP group's ranks hold other requests;
+- ``max_running_requests`` is per DP worker: ``max(1, N_requested // attn_dp)``
+  (``kv_cache_configurator.py:3119-3130``);
+- ``chunked_prefill_size //= attn_dp`` after the memory defaults (``arg_groups/parallel_hook.py:326-336``) and
+  ``schedule_conservativeness *= 0.3`` (``:316-322``);
+- the graph reserve behind ``mem_fraction_static`` gains ``max_bs * attn_dp * 3`` MiB, and ``* 1.5`` more above
+  a max_bs of 300 (``arg_groups/memory_hook.py:370-378``; ``server_defaults._reserve_for_graph_mib``).
+
+Checks SGLang makes: ``attn_dp >= 1`` and not with ``--dp-size`` > 1 (``parallel_hook.py:285-292``); tp divisible
+by attn_dp (``:326``); the attention heads divisible by attn_tp (``models/deepseek_v2.py:2057``,
+``models/qwen3.py:166-177``). A model class that shards attention over the whole tp group (``models/llama.py:181``,
+``models/qwen2.py:165``) has no attention-DP layout; poolsim refuses those by architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from poolsim.pools.errors import SizingError
+from poolsim.pools.model.config import ModelConfig
+
+# Model classes whose attention shards over attn_tp (``parallel_group="attn_tp"``), as poolsim sizes them
+ATTN_DP_ARCHS = {
+    "DeepseekV2ForCausalLM": "models/deepseek_v2.py:2051-2161",
+    "DeepseekV3ForCausalLM": "models/deepseek_v2.py:2051-2161",
+    "Qwen3ForCausalLM": "models/qwen3.py:164-211",
+}
+# Families whose dense MLP honours --moe-dense-tp-size (DeepseekV2DecoderLayer)
+DENSE_TP_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tp: int  # ranks in the TP group (SGLang's tp_size: the world size of one pipeline stage)
+    attn_tp: int  # ranks one attention-DP group shards attention over: tp // attn_dp
+    attn_dp: int  # attention-DP groups, one scheduler and one set of request pools each
+    ep: int = 1
+    pp: int = 1
+    nnodes: int = 1
+    dense_tp: int | None = None  # --moe-dense-tp-size (None: tp)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    def to_dict(self) -> dict:
+        return dict(tp=self.tp, attn_tp=self.attn_tp, attn_dp=self.attn_dp, ep=self.ep, pp=self.pp,
+                    nnodes=self.nnodes)
+
+
+def resolve_layout(model: ModelConfig, args) -> ParallelLayout:
+    """The layout SGLang builds for ``args``, with the checks it makes; refuses what poolsim cannot size."""
+    tp, dp, attn_dp = args.tp_size, args.dp_size, args.attn_dp_size
+    dense = args.moe_dense_tp_size
+    if attn_dp < 1:
+        raise SizingError(f"--attn-dp-size {attn_dp} must be positive")
+    if attn_dp > 1 and dp > 1:  # parallel_hook.py:287-292
+        raise SizingError(f"--dp-size {dp} with --attn-dp-size {attn_dp}: data-parallel replicas combined with "
+                          "attention data parallelism are not supported")
+    if tp % attn_dp:  # parallel_hook.py:326
+        raise SizingError(f"--tp {tp} is not divisible by --attn-dp-size {attn_dp}")
+    if dense is not None and dense not in (1, tp):  # validation_hook.py:207-211
+        raise SizingError(f"--moe-dense-tp-size {dense}: only unset, 1 or --tp {tp} are supported")
+    if attn_dp > 1 and model.architecture not in ATTN_DP_ARCHS:
+        raise SizingError(f"--attn-dp-size {attn_dp}: poolsim sizes attention DP for "
+                          f"{', '.join(sorted(ATTN_DP_ARCHS))} (their attention shards over the attention-TP "
+                          f"group); not for {model.architecture}")
+    if dense == 1 and tp > 1 and model.architecture not in DENSE_TP_ARCHS:
+        raise SizingError(f"--moe-dense-tp-size 1: poolsim models it for {', '.join(DENSE_TP_ARCHS)} "
+                          f"(models/deepseek_v2.py:2665); not for {model.architecture}")
+    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, dense_tp=dense)
+
+
+def weight_bytes_per_rank(model: ModelConfig, layout: ParallelLayout, gpu_arch: str) -> int:
+    """Bytes of weights on one rank of ``layout``."""
+    if layout.attn_dp == 1 and layout.dense_tp in (None, layout.tp):
+        return model.weight_bytes_per_rank(layout.tp, gpu_arch)
+    return model.weight_bytes_per_rank(layout.tp, gpu_arch, attn_tp=layout.attn_tp, dense_tp=layout.dense_tp)
+
