@@ -312,18 +312,24 @@ class ModelConfig:
                        if not t.runtime_copy and t.name != "embed_tokens"))
 
     def weight_bytes_per_rank(self, tp: int, gpu_arch: str = "sm90", *, attn_tp: int | None = None,
-                              dense_tp: int | None = None) -> int:
+                              dense_tp: int | None = None, ep: int = 1) -> int:
         """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank.
 
         ``attn_tp``: under attention DP (``--attn-dp-size``), the attention projections and the input embedding
         shard over the attention-TP group of tp / attn_dp ranks instead of all tp (``weight_group``);
         ``dense_tp``: the dense MLP's width (``--moe-dense-tp-size 1`` replicates it). None: tp.
+        ``ep``: expert parallelism: a rank holds num_experts / ep routed experts
+        (``layers/moe/fused_moe_triton/layer.py:414-416``), each with its intermediate split over
+        moe_tp = tp / ep ranks (``:427-428``; ``runtime_context.py:154``).
         """
         model_bytes = dtype_bytes(self.dtype)
-        widths = {"tp": tp, "attn_tp": attn_tp or tp, "dense_tp": dense_tp or tp}
+        widths = {"tp": tp, "attn_tp": attn_tp or tp, "dense_tp": dense_tp or tp, "experts": tp // ep}
         total = 0
         for t in self.weight_tensors(gpu_arch):
-            out, inp = t.shape_per_rank(widths[weight_group(t)])
+            group = weight_group(t)
+            if group == "experts" and ep > 1:
+                t = replace(t, count=t.count // ep)
+            out, inp = t.shape_per_rank(widths[group])
             if t.dtype_bytes is not None:
                 width = t.dtype_bytes
             elif t.quantized and self.quant_method == "fp8":
@@ -355,9 +361,12 @@ def weight_group(t: WeightTensor) -> str:
     (get_embedding_tp_kwargs, layers/vocab_parallel_embedding.py:182-185; models/qwen2.py:370-374);
     ``dense_tp`` for the dense MLP (models/deepseek_v2.py:2665); ``tp`` for the rest: the LM head
     (``use_attn_tp_group=enable_dp_lm_head``, off by default: models/deepseek_v2.py:3291-3296), the MoE experts,
-    the shared experts (models/deepseek_v2.py:888-896) and replicated tensors."""
+    the shared experts (models/deepseek_v2.py:888-896) and replicated tensors; ``experts`` for the routed experts
+    (``tp`` without expert parallelism)."""
     if t.name.startswith("attn.") or t.name == "embed_tokens":
         return "attn_tp"
+    if t.name.startswith("moe.experts."):  # FusedMoE's routed experts: moe_tp wide, num_experts / ep of them
+        return "experts"
     if t.name.startswith("mlp."):
         return "dense_tp"
     return "tp"

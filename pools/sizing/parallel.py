@@ -18,6 +18,12 @@ MLP, MoE) stays tensor parallel over all ``tp`` ranks. What this changes in sizi
 - the graph reserve behind ``mem_fraction_static`` gains ``max_bs * attn_dp * 3`` MiB, and ``* 1.5`` more above
   a max_bs of 300 (``arg_groups/memory_hook.py:370-378``; ``server_defaults._reserve_for_graph_mib``).
 
+``--ep-size E`` (``arg_groups/fields/parallel.py:281-288``): each rank holds num_experts / E routed experts
+(``layers/moe/fused_moe_triton/layer.py:414-416``) with the expert intermediate split over moe_tp = tp / E
+(``:427-428``, ``runtime_context.py:154``): the same bytes as TP up to padding and fp8 block-scale rounding.
+DeepSeek's shared experts stay over tp (their fusion is off under EP on NVIDIA, ``models/deepseek_v2.py:3385-3391``,
+and the unfused MLP uses the tp group, ``:888-896``). ``--moe-a2a-backend`` other than none is refused.
+
 Checks SGLang makes: ``attn_dp >= 1`` and not with ``--dp-size`` > 1 (``parallel_hook.py:285-292``); tp divisible
 by attn_dp (``:326``); the attention heads divisible by attn_tp (``models/deepseek_v2.py:2057``,
 ``models/qwen3.py:166-177``). A model class that shards attention over the whole tp group (``models/llama.py:181``,
@@ -80,12 +86,30 @@ def resolve_layout(model: ModelConfig, args) -> ParallelLayout:
     if dense == 1 and tp > 1 and model.architecture not in DENSE_TP_ARCHS:
         raise SizingError(f"--moe-dense-tp-size 1: poolsim models it for {', '.join(DENSE_TP_ARCHS)} "
                           f"(models/deepseek_v2.py:2665); not for {model.architecture}")
-    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, dense_tp=dense)
+    ep = args.ep_size
+    if args.moe_a2a_backend != "none":
+        raise SizingError(f"--moe-a2a-backend {args.moe_a2a_backend}: poolsim sizes only none; the all-to-all "
+                          "backends allocate their own dispatch buffers, force --ep-size to --tp "
+                          "(arg_groups/overrides.py:1611-1620) and replicate DeepSeek's shared experts "
+                          "(models/deepseek_v2.py:874-896), none of which is modelled")
+    if ep < 1:
+        raise SizingError(f"--ep-size {ep} must be positive")
+    if tp % ep:  # tp_size == moe_ep_size * moe_dp_size * moe_tp_size (runtime_context.py:137-154, :303-308)
+        raise SizingError(f"--tp {tp} is not divisible by --ep-size {ep}")
+    e = model.moe
+    if ep > 1 and e is not None:
+        if e.num_experts % ep:  # layers/moe/fused_moe_triton/layer.py:414
+            raise SizingError(f"--ep-size {ep} does not divide the {e.num_experts} routed experts")
+        if e.intermediate_size % (tp // ep):  # layer.py:427
+            raise SizingError(f"moe_intermediate_size {e.intermediate_size} is not divisible by the MoE TP size "
+                              f"{tp // ep} (--tp {tp} / --ep-size {ep})")
+    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, ep=ep, dense_tp=dense)
 
 
 def weight_bytes_per_rank(model: ModelConfig, layout: ParallelLayout, gpu_arch: str) -> int:
     """Bytes of weights on one rank of ``layout``."""
-    if layout.attn_dp == 1 and layout.dense_tp in (None, layout.tp):
+    if layout.attn_dp == 1 and layout.dense_tp in (None, layout.tp) and layout.ep == 1:
         return model.weight_bytes_per_rank(layout.tp, gpu_arch)
-    return model.weight_bytes_per_rank(layout.tp, gpu_arch, attn_tp=layout.attn_tp, dense_tp=layout.dense_tp)
+    return model.weight_bytes_per_rank(layout.tp, gpu_arch, attn_tp=layout.attn_tp, dense_tp=layout.dense_tp,
+                                       ep=layout.ep)
 

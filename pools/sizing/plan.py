@@ -232,13 +232,17 @@ class MemoryPlan:
 
     def _layout_rows(self) -> list[tuple[str, str]]:
         """The ranks and what each holds, when the server is more than one plain TP group."""
-        if self.attn_dp_size == 1:
-            return []
         lay = self.layout
-        return [("layout", f"{lay.gpus} GPUs: tp {lay.tp} = {lay.attn_dp} attention-DP groups x attn_tp "
-                           f"{lay.attn_tp}, one scheduler each (ep {lay.ep}, pp {lay.pp}, nnodes {lay.nnodes})"),
-                ("each rank holds", f"attention and embedding 1/{lay.attn_tp} (replicated {lay.attn_dp}x vs "
-                                    f"plain tp), LM head and MoE 1/{lay.tp}, dense MLP "
+        if lay.attn_dp == 1 and lay.ep == 1 and self.moe_dense_tp_size in (None, lay.tp):
+            return []
+        experts = (f"routed experts 1/{lay.ep} of them at 1/{lay.tp // lay.ep} width" if lay.ep > 1
+                   else f"routed experts 1/{lay.tp}")
+        return [("layout", f"{lay.gpus} GPUs: tp {lay.tp} = {lay.attn_dp} attention-DP group"
+                           f"{'s' if lay.attn_dp > 1 else ''} x attn_tp {lay.attn_tp}, one scheduler each "
+                           f"(ep {lay.ep}, pp {lay.pp}, nnodes {lay.nnodes})"),
+                ("each rank holds", f"attention and embedding 1/{lay.attn_tp}"
+                                    + (f" (replicated {lay.attn_dp}x vs plain tp)" if lay.attn_dp > 1 else "")
+                                    + f", LM head and shared experts 1/{lay.tp}, {experts}, dense MLP "
                                     f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows")]
 
     def table(self, concurrency: list["Concurrency"] | None = None) -> str:
@@ -351,7 +355,7 @@ def resolve_max_num_reqs(token_capacity: int, context_len: int, max_running_requ
     return max_num_reqs, capped
 
 
-def validate_tp(model: ModelConfig, tp: int, attn_tp: int | None = None) -> None:
+def validate_tp(model: ModelConfig, tp: int, attn_tp: int | None = None, moe_tp: int | None = None) -> None:
     """The tp divisibility asserts SGLang's model classes make (e.g. models/llama.py:183-193). ``attn_tp``: the
     attention-TP width under attention DP, which the attention heads must divide instead
     (models/deepseek_v2.py:2057, models/qwen3.py:166-177)."""
@@ -378,11 +382,13 @@ def validate_tp(model: ModelConfig, tp: int, attn_tp: int | None = None) -> None
         raise SizingError(f"--tp {tp} does not divide the {model.linear_attn.kind} heads {model.linear_attn.num_heads}")
     if model.quant_method == "fp8" and model.weight_block_size is not None and tp > 1:
         block_n = model.weight_block_size[0]
-        for name, size in (("intermediate_size", model.intermediate_size),
-                           ("moe_intermediate_size", model.moe.intermediate_size if model.moe else 0)):
-            if size and (size // tp) % block_n:  # fp8.py validate_block_quant_shapes
-                raise SizingError(f"--tp {tp}: {name} {size} / tp = {size // tp} is not divisible by the fp8 "
-                                  f"weight block {block_n}")
+        for name, size, width in (("intermediate_size", model.intermediate_size, tp),
+                                  ("moe_intermediate_size", model.moe.intermediate_size if model.moe else 0,
+                                   moe_tp or tp)):  # the experts split over moe_tp = tp / ep
+            if size and (size // width) % block_n:  # fp8.py validate_block_quant_shapes
+                what = "tp" if width == tp else "moe_tp"
+                raise SizingError(f"--tp {tp}: {name} {size} / {what} = {size // width} is not divisible by the "
+                                  f"fp8 weight block {block_n}")
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -403,7 +409,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     tp = args.tp_size
     layout = resolve_layout(model, args)
     attn_tp, attn_dp = layout.attn_tp, layout.attn_dp
-    validate_tp(model, tp, attn_tp)
+    validate_tp(model, tp, attn_tp, moe_tp=tp // layout.ep)
     validate_gpu(model, gpu)
     if args.page_size < 1 or args.page_size & (args.page_size - 1):
         raise SizingError(f"--page-size {args.page_size} is not a power of two")
@@ -575,7 +581,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
         full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
-        attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size,
+        attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size, ep_size=layout.ep,
         disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
         **window_fields)
 

@@ -16,6 +16,8 @@ class ServerArgs:
     dp_size: int = 1
     attn_dp_size: int = 1  # attention-DP groups inside the TP group (pools/sizing/parallel.py)
     moe_dense_tp_size: int | None = None  # None: tp; 1 replicates the dense MLP (DeepSeek family)
+    ep_size: int = 1  # expert parallelism inside the TP group
+    moe_a2a_backend: str = "none"  # none only: poolsim does not size the all-to-all backends' buffers
     page_size: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"  # auto | bfloat16 | float16 | fp8_e4m3 | fp8_e5m2
@@ -72,6 +74,9 @@ SERVER_FLAGS = (
                "group, one scheduler each, while the FFN stays tensor parallel."),
     ServerFlag("moe_dense_tp_size", ("--moe-dense-tp-size",),
                "TP size for MoE dense MLP layers: unset (tp) or 1 (replicated)."),
+    ServerFlag("ep_size", ("--ep", "--ep-size", "--expert-parallel-size"), "The expert parallelism size."),
+    ServerFlag("moe_a2a_backend", ("--moe-a2a-backend",),
+               "Choose the backend for MoE A2A: none (poolsim does not size the others)."),
     ServerFlag("mem_fraction_static", ("--mem-fraction-static",),
                "The fraction of the memory used for static allocation (model weights and KV cache memory pool); "
                "unset: SGLang's default."),
@@ -121,7 +126,7 @@ SERVER_FLAGS = (
 # Numbers SGLang would reject or that make no server (a track interval of 0 divides by zero; a negative
 # conservativeness admits without bound): checked where a ServerArgs is made, so a sweep grid's bad value is that
 # row's error. tp is checked with the model (pools/sizing/plan.py validate_tp), whose heads it must divide.
-_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "page_size", "max_prefill_tokens",
+_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "ep_size", "page_size", "max_prefill_tokens",
                "scheduler_recv_interval", "mamba_track_interval",
                "context_length", "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
 _POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
