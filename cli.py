@@ -64,6 +64,18 @@ def _sglang_options() -> dict:
             for f in SERVER_FLAGS}
 
 
+def _hidden_sglang_options() -> dict:
+    """SERVER_FLAGS' hidden names (SGLang's names too long for --help's name column): a hidden option each,
+    ``option key -> (type, typer.Option, the field it sets)``."""
+    from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
+
+    types = typing.get_type_hints(ServerArgs)
+    return {f"{f.field}__as_{i}": (Optional[types[f.field]],
+                                   typer.Option(None, name, hidden=True, help=f"{f.names[0]}, by SGLang's name."),
+                                   f.field)
+            for f in SERVER_FLAGS for i, name in enumerate(f.hidden_names)}
+
+
 # The server flags shared by every command that builds a server: name -> (type, typer.Option). SGLang's come from
 # ServerArgs; poolsim's own (which model and GPU, a custom GPU, the memory taken before SGLang starts) are here.
 SERVER_OPTIONS = {
@@ -83,21 +95,31 @@ SERVER_OPTIONS = {
 }
 
 
+HIDDEN_SERVER_OPTIONS = _hidden_sglang_options()
+
+
 def with_server_options(command):
     """Give a command every SGLang server flag; it receives them as one dict, ``server``."""
     own = [p for p in inspect.signature(command).parameters.values() if p.name != "server"]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
              for name, (kind, opt) in SERVER_OPTIONS.items()]
+    extra += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+              for name, (kind, opt, _) in HIDDEN_SERVER_OPTIONS.items()]
     hints = typing.get_type_hints(command)
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         server = {name: kwargs.pop(name) for name in SERVER_OPTIONS}
+        for name, (_, _, field) in HIDDEN_SERVER_OPTIONS.items():  # a hidden name sets its field
+            value = kwargs.pop(name)
+            if value is not None:
+                server[field] = value
         return command(server=server, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(
         [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own] + extra)
-    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()}}
+    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()},
+                               **{n: k for n, (k, _, _) in HIDDEN_SERVER_OPTIONS.items()}}
     del wrapper.__wrapped__  # typer must see the new signature, not the original's
     return wrapper
 

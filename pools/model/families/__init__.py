@@ -26,6 +26,8 @@ ARCHITECTURES = {  # architectures[0] -> "module:Class" in this package
     "KimiLinearForCausalLM": "kimi_linear:KimiLinear",
     "Lfm2ForCausalLM": "lfm2:Lfm2",
     "LlamaForCausalLM": "llama:DenseDecoder",
+    "LlamaForCausalLMEagle": "eagle:LlamaEagle",  # draft heads (--speculative-draft-model-path)
+    "LlamaForCausalLMEagle3": "eagle:LlamaEagle",
     "MistralForCausalLM": "llama:DenseDecoder",
     "Qwen2ForCausalLM": "llama:DenseDecoder",
     "Qwen3ForCausalLM": "llama:DenseDecoder",
