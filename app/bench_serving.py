@@ -135,8 +135,7 @@ def calculate_metrics(requests: pd.DataFrame, token_times: dict, start_s: float)
         e2es.append(finish - send)
         if out > 1:
             tpots.append((finish - first) / (out - 1))
-        times = token_times.get(rid, [])
-        itls += np.diff(times).tolist()
+        itls += _itls(token_times.get(rid, []))
     end = float(requests["finish_s"].max()) if len(requests) else start_s
     dur = end - start_s
     completed, total_input, total_output = len(ok), int(ok["input_len"].sum()), int(ok["output_len"].sum())
@@ -153,6 +152,26 @@ def calculate_metrics(requests: pd.DataFrame, token_times: dict, start_s: float)
     m["concurrency"] = float(np.sum(e2es)) / dur
     m["max_output_tokens_per_s"], m["max_concurrent_requests"] = peak_tok_s, peak_conc
     return m
+
+
+def _itls(times: list[float]) -> list[float]:
+    """bench_serving's inter-token latencies of one streamed request (sglang/benchmark/serving.py:780-797): after
+    the first chunk, each chunk's gap is spread over the tokens it carries (a speculative step streams its accepted
+    run as one chunk); one token per chunk makes them the gaps between tokens."""
+    out: list[float] = []
+    i = 1
+    while i < len(times) and times[i] == times[0]:  # the first chunk's other tokens
+        i += 1
+    prev = times[0] if times else 0.0
+    while i < len(times):
+        j = i
+        while j < len(times) and times[j] == times[i]:
+            j += 1
+        gap = (times[i] - prev) / (j - i)
+        out += [gap] * (j - i)
+        prev = times[i]
+        i = j
+    return out
 
 
 def _peaks(ok: pd.DataFrame, token_times: dict) -> tuple[float, int]:
