@@ -315,6 +315,15 @@ def _simulate(trace, server: tuple, opts: dict, trace_info: dict, quiet: bool, a
                         progress=progress, plan=plan, **opts)
 
 
+def _speculative_row(s: dict) -> str:
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    return (f"{s['speculative_algorithm']}: accept length {num(s['speculative_accept_length'], '.2f')} "
+            f"({s['speculative_accept_length_source']}), {num(s['speculative_tokens_per_step'], ',.1f')} tokens per "
+            f"decode step, draft {num(s['speculative_draft_overhead'], '.0%')} of decode time")
+
+
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
     from poolsim.reports import units
 
@@ -351,6 +360,8 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get("slo_p99_s") is not None:
             rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
                                                          f"(target {ms(summary['slo_p99_s'])})"))
+    if summary.get("speculative_algorithm"):  # the run's speculative decoding (reports/METRICS.md)
+        rows.append(("speculative decoding", _speculative_row(summary)))
     kv_label = "full KV tokens" if "swa" in pools else "KV tokens"
     for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
@@ -978,6 +989,8 @@ def bench(
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
         return
     typer.echo("\n\n".join(format_result(m) for m in results))
+    if sim_result.summary.get("speculative_algorithm"):
+        typer.echo(f"speculative decoding: {_speculative_row(sim_result.summary)}")
     typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 

@@ -95,15 +95,29 @@ def run_bench(configs: list[BenchConfig], model, gpu, args, *, step_time: str = 
     items, runs = bench_trace(configs, vocab_size or getattr(model, "vocab_size", None))
     result = simulate(items, model, gpu, args, step_time=step_time, calibration=calibration,
                       runtime_overhead_gib=runtime_overhead_gib, router=router,
-                      max_concurrency=configs[0].max_concurrency, token_times=True,
+                      max_concurrency=configs[0].max_concurrency, token_times=True, seed=configs[0].seed,
                       trace_info={"name": "bench_serving", "requests": sum(len(r) for r, _ in runs)})
     starts = result.run["phase_starts_s"]
     metrics = []
     for cfg, (rids, barrier) in zip(configs, runs):
         reqs = result.requests[result.requests["rid"].isin(rids)]
         m = calculate_metrics(reqs, result.token_times, starts[barrier])
+        if result.spec_samplers is not None:
+            m.update(_speculative_metrics(result, max(rids)))
         metrics.append({**_arguments(cfg), **m})
     return result, metrics
+
+
+def _speculative_metrics(result, last_rid: int) -> dict:
+    """bench_serving's ``accept_length`` (the server's average accept length when the run ends,
+    sglang/benchmark/serving.py:1650-1662) and poolsim's own of the whole simulation (reports/METRICS.md)."""
+    from poolsim.sim.speculative import accept_length_through
+
+    s = result.summary
+    return {"accept_length": accept_length_through(result.spec_samplers, last_rid),
+            "spec_accept_length_expected": s["speculative_accept_length_expected"],
+            "spec_tokens_per_step": s["speculative_tokens_per_step"],
+            "spec_draft_overhead": s["speculative_draft_overhead"]}
 
 
 def _arguments(cfg: BenchConfig) -> dict:
@@ -204,6 +218,8 @@ def format_result(m: dict) -> str:
             ("Peak concurrent requests:", m["max_concurrent_requests"]),
             ("Total token throughput (tok/s):", f"{m['total_throughput']:.2f}"),
             ("Concurrency:", f"{m['concurrency']:.2f}")]
+    if m.get("accept_length"):  # bench_serving prints it when the server reports one
+        rows.append(("Accept length:", f"{m['accept_length']:.2f}"))
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
     lines += ["{:<40} {:<10}".format(k, str(v)) for k, v in rows]
     sections = [("End-to-End Latency", "e2e_latency", "E2E Latency"), ("Time to First Token", "ttft", "TTFT"),

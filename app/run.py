@@ -27,13 +27,14 @@ from poolsim.sim.engine import Simulation
 from poolsim.sim.metrics import CHUNK_ROWS, Recorder
 from poolsim.sim.scheduler import SchedulerConfig
 from poolsim.sim.server import MambaConfig, SWAConfig, build_server
-from poolsim.sim.speculative import Acceptance, SpecDecodeConfig
+from poolsim.sim.speculative import Acceptance, SpecDecodeConfig, spec_summary
 from poolsim.sim.step_time import (
     MEASURED_ERROR,
     AnalyticStepTime,
     Coefficients,
     FixedStepTime,
     ModelCost,
+    SpecCost,
     calibration_source,
     prior_only_note,
 )
@@ -71,6 +72,7 @@ class RunResult:
     run: dict
     plan: MemoryPlan
     token_times: dict | None = None  # rid -> output token times (simulate(token_times=True))
+    spec_samplers: list | None = None  # speculative decoding: each server's acceptance counters
 
 
 def max_new_tokens_policy(policy: str) -> Callable:
@@ -250,6 +252,10 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
             "context_len": config.max_context_len, "dp_size": args.dp_size,
             "retraction_events": [e for s in servers for e in s.retraction_events],
             "slo_p99_s": slo_p99_s, "slo_on": slo_on}
+    if config.speculative is not None:
+        stats = clock.spec_stats() if hasattr(clock, "spec_stats") else None
+        meta["speculative"] = spec_summary(plan.speculative.algorithm, plan.speculative.num_draft_tokens,
+                                           [s.spec_sampler for s in servers], config.speculative.acceptance, stats)
     summary = summarize(steps, requests, meta)
     run = {
         "poolsim_version": poolsim_version(), "model": model.name, "gpu": gpu.name,
@@ -259,7 +265,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
         "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
-    return RunResult(steps, requests, summary, run, plan, sim.token_times)
+    return RunResult(steps, requests, summary, run, plan, sim.token_times,
+                     [s.spec_sampler for s in servers] if config.speculative is not None else None)
 
 
 def _replay_step(hook, clock):
@@ -291,4 +298,9 @@ def _step_time(spec: str, model, gpu, plan, calibration, args=None):
     cost = ModelCost.from_model(model, gpu, plan, args)
     source = calibration_source(calibration, cost.arch) if calibration else \
         f"fitted defaults; {MEASURED_ERROR}{prior_only_note(cost.arch)}"
-    return AnalyticStepTime(cost, coeffs, source=source)
+    spec = None
+    if plan.speculative is not None and args is not None:
+        from poolsim.pools.sizing.speculative import resolve_speculative
+
+        spec = SpecCost.from_plan(resolve_speculative(model, args).draft, gpu, plan, args)
+    return AnalyticStepTime(cost, coeffs, source=source, spec=spec)

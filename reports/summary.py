@@ -59,10 +59,18 @@ def _queue_waits(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
     return admitted - requests["arrival_s"]
 
 
+SPECULATIVE_KEYS = ("speculative_algorithm", "speculative_accept_length_source", "speculative_accept_length_expected",
+                    "speculative_accept_length", "speculative_accept_rate", "speculative_tokens_per_step",
+                    "speculative_verify_steps", "speculative_decode_steps", "speculative_accepted_tokens",
+                    "speculative_accepted_drafts_histogram", "speculative_draft_overhead", "speculative_draft_s",
+                    "speculative_verify_s")
+
+
 def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     """``meta``: per-replica capacities: ``max_total_num_tokens``, ``max_running_requests``,
     ``max_mamba_cache_size`` (0 if none), ``page_size``, ``context_len``, ``dp_size``; optionally
-    ``retraction_events`` and the SLO (``slo_p99_s``, ``slo_on``: e2e or ttft)."""
+    ``retraction_events``, the SLO (``slo_p99_s``, ``slo_on``: e2e or ttft) and ``speculative`` (the
+    ``speculative_*`` keys, sim/speculative.py spec_summary)."""
     cap_kv = meta["max_total_num_tokens"]
     cap_rows = meta["max_running_requests"]
     cap_mamba = meta.get("max_mamba_cache_size") or 0
@@ -156,6 +164,8 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
     summary["slo_observed_p99_s"] = summary[f"{slo_on}_s"]["p99"] if meta.get("slo_p99_s") is not None else None
     summary["first_retraction"] = _first_retraction(events[0]) if events else None
+    spec = meta.get("speculative") or {}  # sim/speculative.py spec_summary; None each when speculation is off
+    summary.update({key: spec.get(key) for key in SPECULATIVE_KEYS})
     _require_finite(summary)
     summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)

@@ -140,6 +140,7 @@ class AcceptanceSampler:
         self.accepted_tokens = 0  # tokens committed by them, bonus included (before the stop's cut)
         self.decode_steps = 0  # decode batches that verified
         self.histogram = [0] * len(self.cdf)  # verify steps by accept length - 1
+        self.per_rid: dict[int, list[int]] = {}  # rid -> [verify steps, accepted tokens]
 
     def draw(self, rid: int, position: int) -> int:
         if self.constant is not None:
@@ -155,8 +156,52 @@ class AcceptanceSampler:
         self.verify_steps += 1
         self.accepted_tokens += n
         self.histogram[n - 1] += 1
+        mine = self.per_rid.get(rid)
+        if mine is None:
+            self.per_rid[rid] = [1, n]
+        else:
+            mine[0] += 1
+            mine[1] += n
         return n
 
     def stats(self) -> dict:
         return {"verify_steps": self.verify_steps, "accepted_tokens": self.accepted_tokens,
                 "decode_steps": self.decode_steps, "histogram": list(self.histogram)}
+
+
+def spec_summary(algorithm: str, num_draft_tokens: int, samplers: list[AcceptanceSampler], acceptance: Acceptance,
+                 step_stats: dict | None) -> dict:
+    """The run's speculative decoding as the summary's ``speculative_*`` keys (reports/METRICS.md): what the flags
+    asked, what the verify steps accepted, and what the draft cost."""
+    verify = sum(s.verify_steps for s in samplers)
+    accepted = sum(s.accepted_tokens for s in samplers)
+    decode_steps = sum(s.decode_steps for s in samplers)
+    histogram = [sum(col) for col in zip(*(s.histogram for s in samplers))]
+    drafts = max(num_draft_tokens - 1, 1)
+    return {
+        "speculative_algorithm": algorithm,
+        "speculative_accept_length_source": acceptance.source,
+        "speculative_accept_length_expected": acceptance.mean,
+        "speculative_accept_length": accepted / verify if verify else None,
+        "speculative_accept_rate": (accepted - verify) / (verify * drafts) if verify else None,
+        "speculative_tokens_per_step": accepted / decode_steps if decode_steps else None,
+        "speculative_verify_steps": verify,
+        "speculative_decode_steps": decode_steps,
+        "speculative_accepted_tokens": accepted,
+        "speculative_accepted_drafts_histogram": histogram,
+        "speculative_draft_overhead": step_stats["draft_overhead"] if step_stats else None,
+        "speculative_draft_s": step_stats["draft_s"] if step_stats else None,
+        "speculative_verify_s": step_stats["verify_s"] if step_stats else None,
+    }
+
+
+def accept_length_through(samplers: list[AcceptanceSampler], last_rid: int) -> float | None:
+    """SGLang's ``avg_spec_accept_length`` (the server's lifetime average, internal_state.py:243-253) once the
+    requests up to ``last_rid`` have run: what bench_serving prints as "Accept length" after a run."""
+    verify = accepted = 0
+    for s in samplers:
+        for rid, (v, a) in s.per_rid.items():
+            if rid <= last_rid:
+                verify += v
+                accepted += a
+    return accepted / verify if verify else None

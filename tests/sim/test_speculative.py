@@ -210,3 +210,105 @@ def test_an_accepted_run_stops_at_eos():
     # output_len 3 (EOS at the 3rd token), max_new 10: prefill 1, then a run of 4 -> cut at 3
     steps, reqs, _ = run_sim([TraceReq(0, 0.0, list(range(1, 6)), 3, max_new_tokens=10)], config)
     assert reqs["output_len"].tolist() == [3] and len(steps) == 2
+
+
+# ---- the step time and the targets ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def eagle3_llama(tmp_path):
+    from tests.sizing.test_speculative import EAGLE3_LLAMA_8B
+
+    path = tmp_path / "eagle3.json"
+    path.write_text(json.dumps(EAGLE3_LLAMA_8B))
+    return str(path)
+
+
+def _clock(draft, **flags):
+    from poolsim.app.run import _step_time
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.plan import plan_memory
+    from poolsim.pools.sizing.server_args import ServerArgs
+
+    model, gpu = ModelConfig.load("llama-3.1-8b"), get_gpu("h100")
+    args = ServerArgs(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                      speculative_accept_length=2.0, **flags)
+    plan = plan_memory(model, gpu, args)
+    return _step_time("analytic", model, gpu, plan, None, args)
+
+
+def test_verify_is_weight_bound_at_small_batch_and_compute_bound_at_large(eagle3_llama):
+    clock = _clock(eagle3_llama, speculative_num_steps=3, speculative_eagle_topk=1)  # 4 draft tokens
+    c = clock.cost
+
+    def verify(bs, seq=1024):
+        d = 4
+        return clock.forward_s(c, 0, bs * d, 0, d * bs * seq + bs * d * (d + 1) // 2, bs * seq, bs, True)
+
+    def decode(bs, seq=1024):
+        return clock.forward_s(c, 0, bs, 0, bs * seq, bs * seq, bs, True)
+
+    # one request: 4 tokens read the same weights as 1: the verify costs about a decode step
+    assert verify(1) == pytest.approx(decode(1), rel=0.05)
+    # 512 requests x 4 tokens: the GEMMs bind, the time follows the tokens (short contexts: the KV reads are small)
+    assert verify(512, 64) / verify(256, 64) == pytest.approx(2.0, rel=0.1)
+    assert verify(512, 64) > 2.5 * decode(512, 64)
+
+
+def test_a_decode_step_is_verify_plus_draft_passes(eagle3_llama):
+    clock = _clock(eagle3_llama, speculative_num_steps=3, speculative_eagle_topk=1)
+    t = clock.spec_time_of("decode", 0, 0, 0, 1, 1024, 1)
+    stats = clock.spec_stats()
+    assert t == pytest.approx(stats["verify_s"] + stats["draft_s"] + clock.k.step_overhead_s)
+    # 3 draft passes: 2 draft decodes and the draft extend, each with the draft's 1 layer
+    one_pass = clock.forward_s(clock.spec.draft, 0, 1, 0, 1025, 1024, 1, True)
+    assert stats["draft_s"] == pytest.approx(3 * one_pass, rel=0.05)
+    assert 0 < stats["draft_overhead"] < 0.5
+
+
+@pytest.mark.parametrize("accept, check", [(1.0, "no faster"), (3.0, "1.8x")])
+def test_bench_targets_at_concurrency_1(eagle3_llama, accept, check):
+    """bench at concurrency 1: accept length 1.0 (only the bonus token) is no faster than without speculation;
+    3.0 is at least 1.8x faster per output token."""
+    from poolsim.app.bench_serving import BenchConfig, run_bench
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+
+    model, gpu = ModelConfig.load("llama-3.1-8b"), get_gpu("h100")
+    cfg = [BenchConfig(num_prompts=6, random_input_len=256, random_output_len=128, max_concurrency=1)]
+    _, (plain,) = run_bench(cfg, model, gpu, ServerArgs())
+    result, (spec_m,) = run_bench(cfg, model, gpu, ServerArgs(
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=eagle3_llama, speculative_accept_length=accept))
+    assert spec_m["accept_length"] == pytest.approx(accept, abs=0.35)
+    assert result.summary["speculative_draft_overhead"] > 0
+    if check == "no faster":
+        assert spec_m["mean_tpot_ms"] >= plain["mean_tpot_ms"]
+        assert spec_m["output_throughput"] <= plain["output_throughput"]
+    else:
+        assert plain["mean_tpot_ms"] / spec_m["mean_tpot_ms"] >= 1.8
+
+
+def test_run_needs_an_acceptance(eagle3_llama):
+    from poolsim.app.run import simulate
+    from poolsim.pools.hardware.gpu_catalog import get_gpu
+    from poolsim.pools.model.config import ModelConfig
+    from poolsim.pools.sizing.server_args import ServerArgs
+
+    args = ServerArgs(speculative_algorithm="EAGLE3", speculative_draft_model_path=eagle3_llama)
+    with pytest.raises(ValueError, match="give --speculative-accept-length MEAN"):
+        simulate([], ModelConfig.load("llama-3.1-8b"), get_gpu("h100"), args)
+
+
+def test_summary_keys_are_spec_summarys_and_empty_when_off():
+    from poolsim.reports.summary import SPECULATIVE_KEYS, summarize
+    from poolsim.sim.speculative import spec_summary
+
+    sampler = AcceptanceSampler(spec(2))
+    assert tuple(spec_summary("EAGLE", 4, [sampler], spec(2).acceptance, None)) == SPECULATIVE_KEYS
+    steps, reqs, _ = run_sim([TraceReq(0, 0.0, [1, 2, 3], 3)], SchedulerConfig(
+        page_size=1, max_total_num_tokens=64, max_running_requests=4, context_len=64))
+    summary = summarize(steps, reqs, {"max_total_num_tokens": 64, "max_running_requests": 4, "page_size": 1,
+                                      "context_len": 64, "dp_size": 1})
+    assert all(summary[k] is None for k in SPECULATIVE_KEYS)
