@@ -86,16 +86,18 @@ def bench_trace(configs: list[BenchConfig], vocab_size: int | None = None):
 
 def run_bench(configs: list[BenchConfig], model, gpu, args, *, step_time: str = "analytic",
               calibration: str | None = None, runtime_overhead_gib: float | None = None, router: str = "round_robin",
-              vocab_size: int | None = None):
+              vocab_size: int | None = None, progress=None):
     """Simulate the runs back to back on one server; (RunResult, [metrics dict per run]). ``vocab_size``: the
     tokenizer's, for random-ids (default: the model config's, which can exceed the tokenizer's base vocabulary,
-    e.g. Llama 3: 128256 vs 128000; the ids differ, their chance of sharing a prefix hardly)."""
+    e.g. Llama 3: 128256 vs 128000; the ids differ, their chance of sharing a prefix hardly). ``progress(done,
+    t)``: simulate's."""
     from poolsim.app.run import simulate
 
     items, runs = bench_trace(configs, vocab_size or getattr(model, "vocab_size", None))
     result = simulate(items, model, gpu, args, step_time=step_time, calibration=calibration,
                       runtime_overhead_gib=runtime_overhead_gib, router=router,
-                      max_concurrency=configs[0].max_concurrency, token_times=True, seed=configs[0].seed,
+                      max_concurrency=configs[0].max_concurrency, token_times=True, progress=progress,
+                      seed=configs[0].seed,
                       trace_info={"name": "bench_serving", "requests": sum(len(r) for r, _ in runs)})
     starts = result.run["phase_starts_s"]
     metrics = []

@@ -196,7 +196,7 @@ def check_run_options(router: str = "round_robin", max_concurrency: int | None =
     if slo_on not in SLO_METRICS:
         raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
     if slo_p99_s is not None and not (math.isfinite(slo_p99_s) and slo_p99_s > 0):
-        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+        raise ValueError(f"--slo-p99-s {slo_p99_s:g}: expected a positive number of seconds")
     check_router(router)
 
 

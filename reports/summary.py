@@ -271,8 +271,8 @@ def verdict(summary: dict) -> str:
         wait = summary["queue_wait_s"]["p50"]
         reasons.append(
             f"it cannot keep up: the median request waited {_secs(wait)} for admission "
-            f"({summary['queue_wait_share_p50']:.0%} of its latency) and {summary['backlog_at_last_arrival']:,} of "
-            f"{summary['requests']:,} requests ({summary['backlog_frac_at_last_arrival']:.0%}) were unfinished at the "
+            f"({_pct(summary['queue_wait_share_p50'])} of its latency) and {summary['backlog_at_last_arrival']:,} of "
+            f"{summary['requests']:,} requests ({_pct(summary['backlog_frac_at_last_arrival'])}) were unfinished at the "
             f"last arrival; served {summary['throughput_req_s']:.2f} req/s against {summary['arrival_rate_req_s']:.2f} "
             f"req/s arriving")
     if "slo_missed" in failures:
@@ -289,6 +289,13 @@ def verdict(summary: dict) -> str:
     return head + ". " + _pool_story(summary)
 
 
+def _pct(frac: float) -> str:
+    """As the report and the console print a percentage (reports/units.py): 9.9%, <0.1%, never a rounded 0 or 100."""
+    from poolsim.reports import units
+
+    return units.percent(frac)
+
+
 def _pool_story(summary: dict) -> str:
     parts = []
     first = summary.get("first_retraction")
@@ -299,7 +306,7 @@ def _pool_story(summary: dict) -> str:
         parts.append(
             f"Retracted {_n(summary['retracted_requests'], 'request')} ({_n(summary['retractions'], 'retraction')}) "
             f"because the next decode step needed more {kind} than was free: first at t={first['time_s']:.1f} s, "
-            f"when {_n(first['running'], 'running request')} held {first['kv_tokens_held'] / cap:.0%} of "
+            f"when {_n(first['running'], 'running request')} held {_pct(first['kv_tokens_held'] / cap)} of "
             f"{_tokens(cap)} {kind} tokens.")
     if summary.get("evicted_tokens"):
         parts.append(_eviction_story(summary))
@@ -310,9 +317,9 @@ def _pool_story(summary: dict) -> str:
         pool = summary["pools"][binding]
         peak = pool["peak_used_frac"]
         when = pool.get("first_exhausted_s")
-        parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {peak:.0%}."
+        parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {_pct(peak)}."
                      if when is not None else
-                     f"No pool ran out; the fullest: {name}, peak {peak:.0%} ({1 - peak:.0%} headroom).")
+                     f"No pool ran out; the fullest: {name}, peak {_pct(peak)} ({_pct(1 - peak)} headroom).")
     return " ".join(parts)
 
 

@@ -161,7 +161,7 @@ DEFAULTS = {
     "request_cpu_s": 0.08163,
 }
 MEASURED_ERROR = ('held-out median |error| 10% throughput, 19% TTFT (median TTFT 21%), 13% TPOT (full simulation '
-                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md); '
+                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; docs/time-model.md); '
                   'median signed error -9% throughput, -10% mean TTFT, +21% median TTFT, +11% TPOT')
 # END FITTED DEFAULTS
 

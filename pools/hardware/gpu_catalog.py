@@ -13,11 +13,13 @@ all-to-all between the GPUs of one server can use), from the vendor's interconne
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 MIB = 2**20
 GIB = 2**30
 TB = 10**12  # datasheets quote decimal TB/s and TFLOP/s
+MAX_CUSTOM_MEMORY_GIB = 10_000  # per GPU: the largest today hold under 300 GiB
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,16 @@ class GPUSpec:
                bf16_tflops: float = 989.0, fp8_tflops: float | None = None, arch: str = "sm90",
                link_gbs: float = 450.0, interconnect: str = "custom") -> "GPUSpec":
         """A GPU from flags: memory in GiB, bandwidth in TB/s, dense TFLOP/s, link GB/s per direction."""
-        if memory_gib <= 0 or bandwidth_tbs <= 0 or bf16_tflops <= 0:
-            raise ValueError(f"custom GPU needs positive memory ({memory_gib} GiB), bandwidth "
-                             f"({bandwidth_tbs} TB/s) and bf16 FLOP/s ({bf16_tflops} TFLOP/s)")
+        for flag, value, limit in (("--gpu-memory-gib", memory_gib, MAX_CUSTOM_MEMORY_GIB),
+                                   ("--gpu-bandwidth-tbs", bandwidth_tbs, None), ("--gpu-bf16-tflops", bf16_tflops, None),
+                                   ("--gpu-fp8-tflops", fp8_tflops, None)):
+            if value is None and flag == "--gpu-fp8-tflops":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{flag} {value:g}: a custom GPU needs a finite number > 0" if isinstance(value, float)
+                                 else f"{flag} {value!r}: a custom GPU needs a finite number > 0")
+            if limit is not None and value > limit:
+                raise ValueError(f"{flag} {value:g}: more than any accelerator has ({limit:,} GiB)")
         if link_gbs <= 0:
             raise ValueError(f"custom GPU needs a positive link bandwidth ({link_gbs} GB/s)")
         if arch not in ARCHS:

@@ -13,7 +13,8 @@ from poolsim.pools.sizing.server_args import ServerArgs
 
 MAMBA_BASE_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, kv_cache_configurator.py:234
 MAMBA_CONV_DTYPE = "bfloat16"  # SGLANG_MAMBA_CONV_DTYPE default, environ.py:1628
-MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM",  # overrides.py:403
+MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration",  # overrides.py:402-432
+                            "Qwen3NextForCausalLM", "NemotronHForCausalLM",
                             "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                             "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM"}
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")

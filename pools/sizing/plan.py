@@ -73,6 +73,7 @@ from poolsim.pools.sizing.speculative import (
 
 REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spec decoding, allocation_sizing.py:105
 REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
+MM_EMBEDDING_CACHE_MIB = 100  # SGLANG_VLM_CACHE_SIZE_MB default (environ.py:1598)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ class MemoryPlan:
     index_head_dim: int | None = None
     index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
     latent_row_bytes: int | None = None  # bytes per token per layer of the latent row
+    mm_reservation_gib: float = 0.0  # multimodal embedding cache kept out of rest (mm_runtime_reservation_gb)
     notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
     warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
     speculative: SpeculativePlan | None = None  # the draft's share (None: speculative decoding off)
@@ -285,7 +287,9 @@ class MemoryPlan:
             ("GPU total / before weights", f"{self.gpu_total_gib:.2f} / {self.pre_model_load_gib:.2f} GiB "
                                            f"(runtime overhead {self.runtime_overhead_gib:.2f} GiB, assumed)"),
             ("weights per rank", f"{self.weights_gib_per_rank:.2f} GiB"),
-            ("KV + state budget (rest)", f"{self.rest_gib:.2f} GiB; headroom {self.non_static_headroom_gib:.2f} GiB"),
+            ("KV + state budget (rest)", f"{self.rest_gib:.2f} GiB; headroom {self.non_static_headroom_gib:.2f} GiB"
+                                         + (f"; multimodal cache {self.mm_reservation_gib:.2f} GiB reserved"
+                                            if self.mm_reservation_gib else "")),
             ("cell size", f"{self.cell_size_bytes:,} B/token over {self.kv_layer_num} KV layers"
                           + (f" (SWA layers weighted by swa_full_tokens_ratio {self.swa_full_tokens_ratio})"
                              if self.is_hybrid_swa else "")),
@@ -386,6 +390,13 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
             raise SizingError(f"--tp {tp} does not divide num_key_value_heads {kv}")
         if not model.use_mla and kv < tp and tp % kv:
             raise SizingError(f"--tp {tp} is not a multiple of num_key_value_heads {kv}")
+    swa = model.swa
+    if swa is not None and model.swa_layer_ids and not model.use_mla:  # Gemma4Attention's asserts (:344-352)
+        swa_heads, swa_kv = swa.num_attention_heads or heads, swa.num_key_value_heads
+        if swa_heads % tp:
+            raise SizingError(f"--tp {tp} does not divide the sliding-window layers' {swa_heads} attention heads")
+        if (swa_kv >= tp and swa_kv % tp) or (swa_kv < tp and tp % swa_kv):
+            raise SizingError(f"--tp {tp} and the sliding-window layers' {swa_kv} kv heads: one must divide the other")
     if model.linear_attn is not None and model.linear_attn.kind != "short_conv" and model.linear_attn.num_heads % tp:
         raise SizingError(f"--tp {tp} does not divide the {model.linear_attn.kind} heads {model.linear_attn.num_heads}")
     if model.quant_method == "fp8" and model.weight_block_size is not None and tp > 1:
@@ -400,10 +411,21 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
 # ---- the plan ----------------------------------------------------------------------------------
 
 
+def validate_gpu(model: ModelConfig, gpu: GPUSpec) -> None:
+    """Expert storage SGLang picks by GPU (Kimi-K3's MXFP4 experts): an arch poolsim has no rule for is refused."""
+    e = model.moe
+    if e is not None and e.mxfp4_packed_archs is not None:
+        known = set(e.mxfp4_packed_archs) | {"sm80", "sm89", "sm90"}
+        if gpu.arch not in known:
+            raise SizingError(f"{model.name} on {gpu.name} ({gpu.arch}): which MoE runner holds its MXFP4 experts "
+                              f"there (quantization/mxfp4.py) is not modelled; poolsim sizes {', '.join(sorted(known))}")
+
+
 def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
                 runtime_overhead_gib: float | None = None) -> MemoryPlan:
     tp = args.tp_size
     validate_tp(model, tp)
+    validate_gpu(model, gpu)
     if args.page_size < 1 or args.page_size & (args.page_size - 1):
         raise SizingError(f"--page-size {args.page_size} is not a power of two")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
@@ -452,14 +474,17 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     overhead = default_runtime_overhead_gib(tp) if runtime_overhead_gib is None else runtime_overhead_gib
     gpu_total = gpu.total_bytes / GIB  # GiB
     pre_model_load = gpu_total - overhead  # GiB free when SGLang takes its baseline
-    weights = model.weight_bytes_per_rank(tp) / GIB  # GiB of weights on this rank
+    weights = model.weight_bytes_per_rank(tp, gpu.arch) / GIB  # GiB of weights on this rank
     draft_weights = 0.0
     if spec is not None:  # the draft is loaded before the target's pool is sized (scheduler.py:1077-1108)
-        draft_weights = draft_weight_bytes(spec, tp) / GIB
+        draft_weights = draft_weight_bytes(spec, tp, gpu.arch) / GIB
         weights += draft_weights
     available = pre_model_load - weights  # GiB free after loading weights
     slack = pre_model_load * (1 - mem_fraction_static)  # GiB kept for activations, graphs, req_to_token
-    rest = available - slack  # GiB for KV (and mamba state)
+    # mm_runtime_reservation_gb (kv_cache_configurator.py:202-219): a multimodal model keeps
+    # SGLANG_VLM_CACHE_SIZE_MB (100, environ.py:1598) of the KV budget for its embedding cache
+    mm_reserve = MM_EMBEDDING_CACHE_MIB / 1024 if model.is_multimodal else 0.0  # GiB
+    rest = available - slack - mm_reserve  # GiB for KV (and mamba state)
     if available <= 0:
         raise SizingError(f"--tp {tp}: {model.name} weights need {weights:.2f} GiB per rank, more than the "
                           f"{pre_model_load:.2f} GiB free on {gpu.name}")
@@ -606,8 +631,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
         full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
-        disable_overlap_schedule=disable_overlap, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
-        **window_fields, speculative=spec_plan)
+        disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes,
+        warnings=tuple(warnings), **hybrid_fields, **window_fields, speculative=spec_plan)
 
 
 def _check_speculative_model(model: ModelConfig, spec: SpeculativeConfig) -> None:

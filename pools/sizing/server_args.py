@@ -49,6 +49,9 @@ class ServerArgs:
     speculative_accept_length: float | None = None  # mean tokens per verify step, bonus included
     speculative_accept_file: str | None = None  # a per-step accept-length distribution (docs/usage.md)
 
+    def __post_init__(self) -> None:
+        check_numbers(self)
+
     def replace(self, **changes) -> "ServerArgs":
         known = {f.name for f in fields(self)}
         unknown = set(changes) - known
@@ -138,3 +141,39 @@ SERVER_FLAGS = (
                "poolsim: a JSON list of counts or probabilities, entry i for i accepted draft tokens (accept "
                "length i + 1), as SGLang's per-request histogram of correct drafts counts them."),
 )
+
+
+# Numbers SGLang would reject or that make no server (a track interval of 0 divides by zero; a negative
+# conservativeness admits without bound): checked where a ServerArgs is made, so a sweep grid's bad value is that
+# row's error. tp is checked with the model (pools/sizing/plan.py validate_tp), whose heads it must divide.
+_AT_LEAST_1 = ("dp_size", "page_size", "max_prefill_tokens", "scheduler_recv_interval", "mamba_track_interval",
+               "context_length", "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
+_POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
+
+
+def _text(v) -> str:
+    """A number as the user typed it: 1.5, -1, inf (not -1.0)."""
+    return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
+
+
+def _flag(name: str) -> str:
+    return next((f.names[0] for f in SERVER_FLAGS if f.field == name), "--" + name.replace("_", "-"))
+
+
+def check_numbers(args: ServerArgs) -> None:
+    import math
+
+    for name in _AT_LEAST_1:
+        v = getattr(args, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{_flag(name)} {v}: must be a whole number >= 1")
+    for name in _POSITIVE:
+        v = getattr(args, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{_flag(name)} {_text(v)}: must be a finite number > 0")
+    c = args.chunked_prefill_size
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or (c < 1 and c != -1)):
+        raise ValueError(f"{_flag('chunked_prefill_size')} {c}: must be >= 1, or -1 to disable chunking")
+    m = args.mem_fraction_static
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < 1):
+        raise ValueError(f"{_flag('mem_fraction_static')} {_text(m)}: must be a fraction between 0 and 1")

@@ -27,6 +27,8 @@ ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", 
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
                    "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
+GEMMA4_ARCHS = {"Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"}
+LLAMA4_ARCHS = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
 QWEN3_5_HYBRID_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",  # model_overrides/qwen3_5.py:17
                         "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 
@@ -82,14 +84,26 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
     reserved += _reserve_for_graph_mib(model, gpu, args, decode_max_bs, chunked_prefill_size)  # MiB
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)  # MiB: a 10 GiB floor on big cards
-    return round((gpu_mem - reserved) / gpu_mem, 3)
+    fraction = round((gpu_mem - reserved) / gpu_mem, 3)
+    if model.is_multimodal and model.vit_size is not None:
+        fraction = fraction * vlm_mem_fraction_factor(*model.vit_size)  # memory_hook.py:330-337
+    return fraction
+
+
+def vlm_mem_fraction_factor(vit_layers: int, vit_hidden: int) -> float:
+    """adjust_mem_fraction_for_vlm (memory_hook.py:417-465): 0.95, times 10 % less per 100 % more ViT weight than
+    ViT-L/14 (24 layers of 1024), clamped to [0.8, 1.05]."""
+    ratio = vit_layers * vit_hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
 def prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
     # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170), and so does --disable-prefill-cuda-graph
+    # off (cuda_graph_hook.py:183-191), so do multimodal models off the breakable-graph allowlist
+    # (:229-237; Gemma 4), and so does --disable-prefill-cuda-graph
     return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not args.disable_prefill_cuda_graph and not (
-        model.linear_attn is not None and model.linear_attn.kind == "kda")
+        model.linear_attn is not None and model.linear_attn.kind == "kda") and not (
+        model.is_multimodal and not model.multimodal_prefill_graph)
 
 
 def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill_size: int) -> float:
@@ -120,10 +134,15 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
         return args.attention_backend or "dsa", 64
     if args.attention_backend is not None:
         backend = args.attention_backend
-    elif model.architecture == "GptOssForCausalLM":  # model_overrides/gpt_oss.py
+    elif model.architecture in GEMMA4_ARCHS:  # model_overrides/gemma4.py:30-44
+        backend = "trtllm_mha" if gpu.arch == "sm100" else "triton"
+    elif model.architecture in LLAMA4_ARCHS or model.architecture == "GptOssForCausalLM":
+        # model_overrides/llama4.py:22-37, model_overrides/gpt_oss.py
         backend = {"sm100": "trtllm_mha", "sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "triton")
     elif gpu.arch == "sm100" and model.architecture in ("Lfm2ForCausalLM", "GraniteMoeHybridForCausalLM"):
         backend = "flashinfer"  # model_overrides/lfm2.py, granitemoehybrid.py (Granite: with mamba layers)
+    elif gpu.arch == "sm100" and model.architecture == "KimiK3ForConditionalGeneration":
+        backend = "trtllm_mla"  # model_overrides/kimi_k3.py:122-135 (prefill and decode)
     elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
         backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
     elif gpu.arch == "sm100" and model.architecture in QWEN3_5_HYBRID_ARCHS:

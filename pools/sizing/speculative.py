@@ -287,10 +287,10 @@ def check_backend(spec: SpeculativeConfig, backend: str, page_size: int) -> None
                           f"{', '.join(PAGE_TREE_BACKENDS)}; got attention backend {backend}")
 
 
-def draft_weight_bytes(spec: SpeculativeConfig, tp: int) -> int:
+def draft_weight_bytes(spec: SpeculativeConfig, tp: int, gpu_arch: str = "sm90") -> int:
     """What the draft worker holds on one rank when the target's pool is sized: everything it built, its own
     embedding and head included (they are swapped for the target's later, eagle_worker_v2.py:243-258)."""
-    return spec.draft.weight_bytes_per_rank(tp)
+    return spec.draft.weight_bytes_per_rank(tp, gpu_arch)
 
 
 def draft_state_bytes(per_req: int, num_draft_tokens: int, capped_reqs: int) -> int:
