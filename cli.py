@@ -64,6 +64,18 @@ def _sglang_options() -> dict:
             for f in SERVER_FLAGS}
 
 
+def _hidden_sglang_options() -> dict:
+    """SERVER_FLAGS' hidden names (SGLang's names too long for --help's name column): a hidden option each,
+    ``option key -> (type, typer.Option, the field it sets)``."""
+    from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
+
+    types = typing.get_type_hints(ServerArgs)
+    return {f"{f.field}__as_{i}": (Optional[types[f.field]],
+                                   typer.Option(None, name, hidden=True, help=f"{f.names[0]}, by SGLang's name."),
+                                   f.field)
+            for f in SERVER_FLAGS for i, name in enumerate(f.hidden_names)}
+
+
 # The server flags shared by every command that builds a server: name -> (type, typer.Option). SGLang's come from
 # ServerArgs; poolsim's own (which model and GPU, a custom GPU, the memory taken before SGLang starts) are here.
 SERVER_OPTIONS = {
@@ -83,21 +95,31 @@ SERVER_OPTIONS = {
 }
 
 
+HIDDEN_SERVER_OPTIONS = _hidden_sglang_options()
+
+
 def with_server_options(command):
     """Give a command every SGLang server flag; it receives them as one dict, ``server``."""
     own = [p for p in inspect.signature(command).parameters.values() if p.name != "server"]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
              for name, (kind, opt) in SERVER_OPTIONS.items()]
+    extra += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+              for name, (kind, opt, _) in HIDDEN_SERVER_OPTIONS.items()]
     hints = typing.get_type_hints(command)
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         server = {name: kwargs.pop(name) for name in SERVER_OPTIONS}
+        for name, (_, _, field) in HIDDEN_SERVER_OPTIONS.items():  # a hidden name sets its field
+            value = kwargs.pop(name)
+            if value is not None:
+                server[field] = value
         return command(server=server, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(
         [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own] + extra)
-    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()}}
+    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()},
+                               **{n: k for n, (k, _, _) in HIDDEN_SERVER_OPTIONS.items()}}
     del wrapper.__wrapped__  # typer must see the new signature, not the original's
     return wrapper
 
@@ -293,6 +315,15 @@ def _simulate(trace, server: tuple, opts: dict, trace_info: dict, quiet: bool, a
                         progress=progress, plan=plan, **opts)
 
 
+def _speculative_row(s: dict) -> str:
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    return (f"{s['speculative_algorithm']}: accept length {num(s['speculative_accept_length'], '.2f')} "
+            f"({s['speculative_accept_length_source']}), {num(s['speculative_tokens_per_step'], ',.1f')} tokens per "
+            f"decode step, draft {num(s['speculative_draft_overhead'], '.0%')} of decode time")
+
+
 def _suggest(result, trace, server: tuple, opts: dict, quiet: bool) -> None:
     """DOES NOT FIT: the smallest change that fits (app/suggest.py), recorded in run.json as ``would_fit`` (the
     flags, and the command line with them) for the console and the report."""
@@ -370,6 +401,8 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get("slo_p99_s") is not None:
             rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
                                                          f"(target {ms(summary['slo_p99_s'])})"))
+    if summary.get("speculative_algorithm"):  # the run's speculative decoding (reports/METRICS.md)
+        rows.append(("speculative decoding", _speculative_row(summary)))
     kv_label = "full KV tokens" if "swa" in pools else "KV tokens"
     for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
@@ -1036,6 +1069,8 @@ def bench(
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
         return
     typer.echo("\n\n".join(format_result(m) for m in results))
+    if sim_result.summary.get("speculative_algorithm"):
+        typer.echo(f"speculative decoding: {_speculative_row(sim_result.summary)}")
     typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 

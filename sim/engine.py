@@ -232,10 +232,10 @@ class Simulation:
                 yield state.wakeup | self.arrivals_done
 
     def _stamp_tokens(self, batch, end: float) -> None:
-        """A request got a token in this step if its output grew (at most one token per step)."""
+        """A request's tokens of this step land at its end: one, or a speculative verify step's accepted run."""
         for req in batch.reqs:
             times = self.token_times.setdefault(req.rid, [])  # type: ignore[union-attr]  # only called when on
-            if len(times) < req.num_output:
+            while len(times) < req.num_output:
                 times.append(end)
 
     def _abort_stuck(self, sched: Scheduler) -> None:

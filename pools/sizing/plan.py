@@ -48,6 +48,8 @@ from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing 
     mamba_cache_params,
     mamba_ratio,
     resolve_mamba_strategy,
+    spec_verify_reqs,
+    spec_verify_state_bytes,
     split_mamba_budget,
 )
 from poolsim.pools.sizing.parallel import ParallelLayout, resolve_layout, weight_bytes_per_rank
@@ -62,10 +64,52 @@ from poolsim.pools.sizing.server_defaults import (  # noqa: F401 (re-exported: t
     resolve_kv_cache_dtype,
     resolve_page_size,
 )
+from poolsim.pools.sizing.speculative import (
+    SPEC_MAX_RUNNING_REQUESTS,
+    SpeculativeConfig,
+    check_backend,
+    draft_weight_bytes,
+    resolve_speculative,
+)
 
 REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len without spec decoding, allocation_sizing.py:105
 REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32, memory_pool.py:406
 MM_EMBEDDING_CACHE_MIB = 100  # SGLANG_VLM_CACHE_SIZE_MB default (environ.py:1598)
+
+
+@dataclass(frozen=True)
+class SpeculativePlan:
+    """What speculative decoding adds to a plan (``plan --json``'s ``speculative`` object); GiB = 2**30 bytes."""
+
+    algorithm: str  # EAGLE | EAGLE3 | STANDALONE (NEXTN runs as EAGLE)
+    requested: str
+    num_steps: int
+    eagle_topk: int
+    num_draft_tokens: int
+    auto_params: bool  # SGLang's _auto_choose_speculative_params picked the three
+    draft_model: str
+    draft_architecture: str
+    draft_source: str
+    nextn: bool  # NextN/MTP layers of a checkpoint
+    draft_layers: int  # eagle_draft_num_layers: the layers the target's budget reserves for (0: none)
+    draft_pool_layers: int  # the layers of the draft's own KV pool
+    draft_cell_bytes: int  # B per token of the draft's pool (its own geometry), one rank
+    reserved_cell_bytes: int  # B per token the target's budget reserves for it (layer-count scaling)
+    draft_pool_tokens: int  # = the target's max_total_num_tokens (one slot index space)
+    draft_pool_gib: float  # the draft's KV pool as allocated (size + page rows)
+    draft_weights_gib: float  # per rank, resident when the target's pool is sized
+    target_tokens_without_draft: int  # max_total_num_tokens with the same budget and no reservation
+    target_token_reduction: int  # tokens the reservation takes from the target's pool
+    target_token_reduction_frac: float
+    verify_buffers_gib: float  # hybrid models: intermediate SSM/conv states of a verify pass (SGLang's budget)
+    verify_buffer_reqs: int  # hybrid models: the requests those buffers are sized for (0 otherwise)
+    max_running_requests: int  # the request cap SGLang runs with (48 unless --max-running-requests)
+    alloc_len_per_decode: int  # KV slots one request may take per decode step
+    alloc_reserve_per_decode: int  # the decode reservation: 2 x alloc_len (the overlap loop's lag)
+    req_to_token_extra_context: int  # the row headroom past the context length
+    accept_length: float | None
+    accept_file: str | None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +203,7 @@ class MemoryPlan:
     mm_reservation_gib: float = 0.0  # multimodal embedding cache kept out of rest (mm_runtime_reservation_gb)
     notes: tuple[str, ...] = ()  # what poolsim assumed reading the model
     warnings: tuple[str, ...] = ()  # what SGLang logs as warnings for this configuration
+    speculative: SpeculativePlan | None = None  # the draft's share (None: speculative decoding off)
 
     @property
     def is_hybrid(self) -> bool:
@@ -245,6 +290,34 @@ class MemoryPlan:
                                     + f", LM head and shared experts 1/{lay.tp}, {experts}, dense MLP "
                                     f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows")]
 
+    def _speculative_rows(self) -> list[tuple[str, str]]:
+        """The speculative block of ``MemoryPlan.table``."""
+        sp = self.speculative
+        auto = " (SGLang's auto choice)" if sp.auto_params else ""
+        algo = sp.algorithm if sp.requested.upper() == sp.algorithm else f"{sp.algorithm} (as {sp.requested})"
+        rows = [("speculative", f"{algo}: {sp.num_steps} steps, topk {sp.eagle_topk}, {sp.num_draft_tokens} draft "
+                                f"tokens{auto}"),
+                ("  draft", f"{sp.draft_model} ({sp.draft_architecture}{', NextN layers' if sp.nextn else ''}), "
+                            f"{sp.draft_weights_gib:.2f} GiB weights per rank"),
+                ("  draft KV pool", f"{sp.draft_pool_tokens:,} tokens x {sp.draft_cell_bytes:,} B over "
+                                    f"{sp.draft_pool_layers} layers = {sp.draft_pool_gib:.2f} GiB"),
+                ("  target's reservation", f"{sp.reserved_cell_bytes:,} B/token ({sp.draft_layers} draft layers); "
+                                           f"target pool {self.max_total_num_tokens:,} tokens, "
+                                           f"{sp.target_token_reduction:,} ({sp.target_token_reduction_frac:.2%}) "
+                                           f"fewer than the {sp.target_tokens_without_draft:,} without it")]
+        if sp.verify_buffer_reqs:
+            rows.append(("  verify buffers", f"{sp.verify_buffers_gib:.2f} GiB of intermediate states for "
+                                             f"{sp.verify_buffer_reqs} requests x {sp.num_draft_tokens} draft tokens"))
+        rows.append(("  decode reservation", f"{sp.alloc_reserve_per_decode} slots per request (2 x "
+                                             f"{sp.alloc_len_per_decode}); max_running_requests "
+                                             f"{sp.max_running_requests}; req_to_token "
+                                             f"+{sp.req_to_token_extra_context}"))
+        if sp.accept_length is not None or sp.accept_file is not None:
+            rows.append(("  acceptance", f"mean {sp.accept_length}" if sp.accept_length is not None
+                                         else f"distribution from {sp.accept_file}"))
+        rows += [("  note", n) for n in sp.notes]
+        return rows
+
     def table(self, concurrency: list["Concurrency"] | None = None) -> str:
         """The plan as a compact human-readable table."""
         rows = [
@@ -302,6 +375,8 @@ class MemoryPlan:
                                              if self.attn_dp_size > 1 else "")),
                  ("req_to_token table", f"{self.req_to_token_rows + 1:,} x {self.max_context_len:,} int32 = "
                                         f"{self.req_to_token_gib:.2f} GiB of {self.free_after_pools_gib:.2f} GiB free")]
+        if self.speculative is not None:
+            rows += self._speculative_rows()
         rows += [("note", n) for n in self.notes]
         rows += [("warning", w) for w in self.warnings]
         width = max(len(k) for k, _ in rows)
@@ -424,7 +499,16 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
             raise SizingError(f"{flag} {value} must be >= 1")
     context_len = _resolve_context_len(model, args)
     kv_dtype = resolve_kv_cache_dtype(model, args.kv_cache_dtype, gpu)
-    if model.is_hybrid_swa and args.max_running_requests is not None and args.disable_radix_cache and (
+    spec = resolve_speculative(model, args)
+    if spec is not None and (attn_dp > 1 or layout.ep > 1):
+        raise SizingError(f"--speculative-algorithm with --attn-dp-size {attn_dp} / --ep-size {layout.ep}: how the "
+                          "draft's weights and pools shard under attention DP or EP is not modelled")
+    max_running = args.max_running_requests  # as SGLang sizes with it: the EAGLE family's 48 when unset
+    if spec is not None:
+        _check_speculative_model(model, spec)
+        if max_running is None:
+            max_running = SPEC_MAX_RUNNING_REQUESTS  # speculative_hook.py:1086-1094
+    if model.is_hybrid_swa and max_running is not None and args.disable_radix_cache and (
             args.chunked_prefill_size is None or args.chunked_prefill_size > 0):
         raise SizingError("--max-running-requests with --disable-radix-cache: SGLang sizes this hybrid-SWA model's "
                           "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
@@ -438,6 +522,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     page_size = resolve_page_size(model, gpu, backend, forced_page or args.page_size)
     if model.is_hybrid:
         _validate_mamba_strategy(strategy, page_size, disable_overlap, args)
+    if spec is not None:
+        check_backend(spec, backend, page_size)
 
     chunked = args.chunked_prefill_size
     if chunked is None:
@@ -457,6 +543,10 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     gpu_total = gpu.total_bytes / GIB  # GiB
     pre_model_load = gpu_total - overhead  # GiB free when SGLang takes its baseline
     weights = weight_bytes_per_rank(model, layout, gpu.arch) / GIB  # GiB of weights on this rank
+    draft_weights = 0.0
+    if spec is not None:  # the draft is loaded before the target's pool is sized (scheduler.py:1077-1108)
+        draft_weights = draft_weight_bytes(spec, tp, gpu.arch) / GIB
+        weights += draft_weights
     available = pre_model_load - weights  # GiB free after loading weights
     slack = pre_model_load * (1 - mem_fraction_static)  # GiB kept for activations, graphs, req_to_token
     # mm_runtime_reservation_gb (kv_cache_configurator.py:202-219): a multimodal model keeps
@@ -473,19 +563,36 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     rest_before_mamba = rest
 
     mamba = None
+    verify_bytes, verify_reqs = 0, 0
+    ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
     if model.is_hybrid:
         params = mamba_cache_params(model, tp, args.mamba_ssm_dtype)
         per_slot = params.mamba_cache_per_req  # B over all linear layers
+        draft_tokens = spec.num_draft_tokens if spec is not None else None
         if args.max_mamba_cache_size is not None:
             source, max_mamba = "--max-mamba-cache-size", args.max_mamba_cache_size  # // dp
-        elif args.disable_radix_cache and args.max_running_requests is not None:
-            source, max_mamba = "--max-running-requests", max(1, args.max_running_requests)
+            if draft_tokens:  # kv_cache_configurator.py:3310-3323
+                verify_reqs = spec_verify_reqs(max_mamba, ratio, max_running)
+                verify_bytes = spec_verify_state_bytes(per_slot, draft_tokens, max_mamba, ratio, max_running)
+                rest = rest - verify_bytes / (1 << 30)
+        elif args.disable_radix_cache and max_running is not None:
+            source, max_mamba = "--max-running-requests", max(1, max_running)
+            if draft_tokens:  # kv_cache_configurator.py:3336-3344: every slot's buffers
+                verify_reqs = max_mamba
+                verify_bytes = per_slot * (max_mamba + 1) * draft_tokens
+                rest = rest - verify_bytes / (1 << 30)
         else:
             source = "--mamba-full-memory-ratio"
-            max_mamba, _ = split_mamba_budget(rest, per_slot, args.mamba_full_memory_ratio)
+            max_mamba, _ = split_mamba_budget(rest, per_slot, args.mamba_full_memory_ratio, draft_tokens, ratio,
+                                              max_running)
+            if draft_tokens and max_mamba > 0:
+                verify_reqs = spec_verify_reqs(max_mamba, ratio, max_running)
+                verify_bytes = spec_verify_state_bytes(per_slot, draft_tokens, max_mamba, ratio, max_running)
+                rest = rest - verify_bytes / (1 << 30)
         if max_mamba <= 0:
             raise SizingError(f"max_mamba_cache_size {max_mamba}: rest {rest:.2f} GiB holds no "
-                              f"{per_slot / 2**20:.2f} MiB state slot; raise --mem-fraction-static")
+                              f"{per_slot / 2**20:.2f} MiB state slot; raise --mem-fraction-static"
+                              + (" or lower --speculative-num-draft-tokens" if draft_tokens else ""))
         rest = rest - _mamba_state_gib(max_mamba, per_slot)
         if rest <= 0:
             raise SizingError(f"{source}: max_mamba_cache_size {max_mamba} needs {max_mamba + 1} slots of "
@@ -494,11 +601,12 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
     warnings = []
+    draft_layers = spec.budget_draft_layers if spec is not None else 0
     # KV heads per rank: get_num_kv_heads(attn_tp) (kv_cache_configurator.py:1047-1048)
     conf = pool_configurator(model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
-                             swa_full_tokens_ratio=args.swa_full_tokens_ratio)
-    cell = conf.cell_size()  # B per token of max_total_num_tokens (float for hybrid SWA)
-    sizes = conf.calculate_pool_sizes(available_bytes)
+                             swa_full_tokens_ratio=args.swa_full_tokens_ratio, draft_layers=draft_layers)
+    cell = conf.target_cell_size()  # B per token of the target's pool (float for hybrid SWA)
+    sizes = conf.calculate_pool_sizes(available_bytes)  # divides by the target's cell plus the draft's share
     profiled = sizes.max_total_num_tokens  # tokens, page-floored
     if args.max_total_tokens is not None:
         if args.max_total_tokens > profiled:  # kv_cache_configurator.py:3101-3106
@@ -510,8 +618,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         raise SizingError(f"max_total_num_tokens {max_total_num_tokens}: {rest:.2f} GiB holds no page of "
                           f"{page_size} tokens x {cell} B; raise --mem-fraction-static")
 
-    ratio = mamba_ratio(strategy, disable_overlap) if model.is_hybrid else 1
-    max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, args.max_running_requests,
+    max_reqs, capped = resolve_max_num_reqs(max_total_num_tokens, context_len, max_running,
                                             mamba[2] if mamba else None, ratio, attn_dp)
     if max_reqs < 1:  # one rule for plan and run: a pool too small for a single request row
         raise SizingError(f"--max-total-tokens {args.max_total_tokens}: {max_total_num_tokens} KV tokens give "
@@ -519,8 +626,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     if capped:  # kv_cache_configurator.py:3140-3156
         warnings.append(f"max_running_requests is capped to {max_reqs} by the mamba state cache "
                         f"(max_mamba_cache_size={mamba[2]}, {ratio} state slots per request)")
-    elif args.max_running_requests is not None and max_reqs < max(1, args.max_running_requests // attn_dp):
-        requested = max(1, args.max_running_requests // attn_dp)
+    elif max_running is not None and max_reqs < max(1, max_running // attn_dp):
+        requested = max(1, max_running // attn_dp)
         warnings.append(f"max_running_requests was reduced from the requested {requested} to "
                         f"{max_reqs} " + ("(per dp worker) " if attn_dp > 1 else "")
                         + "due to the available KV cache capacity")
@@ -535,7 +642,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     if model.dsa is not None:
         window_fields = dict(index_head_dim=model.dsa.index_head_dim, index_k_size_gib=kv_pool.index_k_size_bytes() / GIB,
                              latent_row_bytes=kv_pool.latent_row_bytes)
-    max_context_len = context_len + REQ_TO_TOKEN_EXTRA_CONTEXT  # tokens per req_to_token row
+    extra_context = spec.req_to_token_extra_context(page_size) if spec is not None else REQ_TO_TOKEN_EXTRA_CONTEXT
+    max_context_len = context_len + extra_context  # tokens per req_to_token row
     req_to_token_bytes = (max_reqs + 1) * max_context_len * REQ_TO_TOKEN_ENTRY_BYTES  # B, row 0 included
     mamba_total = 0
     hybrid_fields = {}
@@ -550,7 +658,20 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
             mamba_conv_shape=tuple(tuple(s) for s in params.shape.conv), mamba_temporal_shape=params.shape.temporal,
             mamba_conv_dtype=params.conv_dtype, mamba_ssm_dtype=params.ssm_dtype, mamba_ratio=ratio,
             mamba_strategy=strategy, overlap_forced_off=overlap_forced_off)
-    free_after_pools = available - (kv_total + mamba_total) / GIB  # GiB free once the pools exist
+    spec_plan = None
+    draft_total = 0
+    if spec is not None:
+        # the same budget without the draft's share (and the same --max-total-tokens cap)
+        alone_conf = pool_configurator(model, tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                                       swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+        alone = alone_conf.calculate_pool_sizes(available_bytes).max_total_num_tokens
+        if args.max_total_tokens is not None:
+            alone = alone_conf.from_max_tokens(min(alone, args.max_total_tokens)).max_total_num_tokens
+        spec_plan = _speculative_plan(spec, model, conf, alone, max_total_num_tokens, page_size, kv_dtype, tp,
+                                      gpu.arch, draft_weights, verify_bytes, verify_reqs, max_reqs)
+        draft_total = int(round(spec_plan.draft_pool_gib * GIB)) + verify_bytes
+    # GiB free once the pools exist (the draft's pool and the verify buffers too)
+    free_after_pools = available - (kv_total + mamba_total + draft_total) / GIB
     if req_to_token_bytes / GIB > free_after_pools:
         raise SizingError(f"--context-length {context_len}: the req_to_token table ({max_reqs + 1} rows x "
                           f"{max_context_len} int32 = {req_to_token_bytes / GIB:.2f} GiB) "
@@ -582,8 +703,56 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
         full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
         attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size, ep_size=layout.ep,
-        disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes, warnings=tuple(warnings), **hybrid_fields,
-        **window_fields)
+        disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes,
+        warnings=tuple(warnings), **hybrid_fields, **window_fields, speculative=spec_plan)
+
+
+def _check_speculative_model(model: ModelConfig, spec: SpeculativeConfig) -> None:
+    """What poolsim sizes of a draft: SGLang's hybrid-SWA MTP drafts (own windowed layers, per-depth pools) are
+    not modelled."""
+    if model.is_hybrid_swa and spec.nextn:
+        raise SizingError(f"--speculative-algorithm {spec.requested} on {model.name}: the MTP draft of a hybrid-SWA "
+                          "model (its own windowed layers) is not modelled; an EAGLE3 draft is")
+
+
+def _draft_kv_pool(spec: SpeculativeConfig, target: ModelConfig, size: int, page_size: int, kv_dtype: str, tp: int,
+                   gpu_arch: str):
+    """The draft worker's own KV pool: its geometry over its layers, the target's token count. A NextN draft is
+    the target's attention, so its pool is the target's kind; an EAGLE/STANDALONE draft is MHA or MLA as its
+    config says (the draft's KV dtype follows --kv-cache-dtype, spec.py:151-164)."""
+    from dataclasses import replace as _replace
+
+    from poolsim.pools.model.config import LayerSpec
+
+    draft = spec.draft
+    layers = tuple(LayerSpec("attention", "dense") for _ in range(spec.draft_pool_layers))
+    geometry = _replace(target if spec.nextn else draft, layers=layers, linear_attn=None, swa=None,
+                        mamba_ssm_dtype=None, dsa=(target.dsa if spec.nextn else draft.dsa))
+    return pool_configurator(geometry, tp, page_size, kv_dtype, gpu_arch=gpu_arch).kv_pool(size)
+
+
+def _speculative_plan(spec: SpeculativeConfig, model: ModelConfig, conf, alone: int, tokens: int, page_size: int,
+                      kv_dtype: str, tp: int, gpu_arch: str, draft_weights_gib: float, verify_bytes: int,
+                      verify_reqs: int, max_reqs: int) -> SpeculativePlan:
+    """``tokens``: the target's pool (the draft's has as many); ``alone``: the target's without the reservation."""
+    pool = _draft_kv_pool(spec, model, tokens, page_size, kv_dtype, tp, gpu_arch)
+    kv = pool.get_kv_size_bytes()
+    kv = sum(kv) if isinstance(kv, tuple) else kv
+    reduction = alone - tokens
+    return SpeculativePlan(
+        algorithm=spec.algorithm, requested=spec.requested, num_steps=spec.num_steps, eagle_topk=spec.eagle_topk,
+        num_draft_tokens=spec.num_draft_tokens, auto_params=spec.auto_params, draft_model=spec.draft.name,
+        draft_architecture=spec.draft.architecture, draft_source=spec.draft_source, nextn=spec.nextn,
+        draft_layers=spec.budget_draft_layers, draft_pool_layers=spec.draft_pool_layers,
+        draft_cell_bytes=int(pool.cell_size_bytes()), reserved_cell_bytes=int(conf.draft_cell_size()),
+        draft_pool_tokens=tokens, draft_pool_gib=kv / GIB, draft_weights_gib=draft_weights_gib,
+        target_tokens_without_draft=alone, target_token_reduction=reduction,
+        target_token_reduction_frac=reduction / alone if alone else 0.0,
+        verify_buffers_gib=verify_bytes / GIB, verify_buffer_reqs=verify_reqs, max_running_requests=max_reqs,
+        alloc_len_per_decode=spec.alloc_len_per_decode(page_size),
+        alloc_reserve_per_decode=spec.alloc_reserve_per_decode(page_size),
+        req_to_token_extra_context=spec.req_to_token_extra_context(page_size),
+        accept_length=spec.accept_length, accept_file=spec.accept_file, notes=spec.notes)
 
 
 def _window_fields(model: ModelConfig, kv_pool: KVCache, args: ServerArgs) -> dict:

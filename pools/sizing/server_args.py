@@ -43,6 +43,15 @@ class ServerArgs:
     mamba_track_interval: int = 256
     # hybrid sliding-window models
     swa_full_tokens_ratio: float = 0.8  # SWA pool tokens per full pool token
+    # speculative decoding (arg_groups/fields/spec.py:31-69); None: off, or SGLang's auto-default
+    speculative_algorithm: str | None = None  # EAGLE | EAGLE3 | NEXTN | STANDALONE (pools/sizing/speculative.py)
+    speculative_draft_model_path: str | None = None  # a config.json or catalog name
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    # poolsim's own: what the data accepts (acceptance is a property of the data, not of the server)
+    speculative_accept_length: float | None = None  # mean tokens per verify step, bonus included
+    speculative_accept_file: str | None = None  # a per-step accept-length distribution (docs/usage.md)
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -62,6 +71,9 @@ class ServerFlag(NamedTuple):
     field: str  # the ServerArgs field: its type and default (SGLang's) are the flag's
     names: tuple[str, ...]  # a short name poolsim adds comes first (--tp, then SGLang's --tp-size)
     help: str
+    # accepted, not listed by --help: SGLang's names longer than the 28 characters --help's name column has at
+    # 80 columns (the listed name is a shorter one: SGLang's own alias where it has one)
+    hidden_names: tuple[str, ...] = ()
 
 
 # Every ServerArgs field as a command-line flag, in the order `poolsim run --help` lists them: the CLI generates
@@ -120,6 +132,26 @@ SERVER_FLAGS = (
                "Disable CUDA graphs (frees the memory their capture reserves)."),
     ServerFlag("disable_prefill_cuda_graph", ("--disable-prefill-cuda-graph",),
                "Prefill runs eager (as SGLang 0.5.6-0.5.7 did)."),
+    ServerFlag("speculative_algorithm", ("--speculative-algorithm",),
+               "Speculative algorithm: EAGLE, EAGLE3, NEXTN (EAGLE on the model's own MTP layers) or STANDALONE."),
+    ServerFlag("speculative_draft_model_path", ("--speculative-draft-model",),
+               "The draft model: a config.json path or a catalog name; unset for NEXTN on a model that ships its "
+               "own NextN layers. Also accepted as SGLang's name with a -path suffix.",
+               hidden_names=("--speculative-draft-model-path",)),
+    ServerFlag("speculative_num_steps", ("--speculative-num-steps",),
+               "The number of steps sampled from draft model in Speculative Decoding; unset: SGLang's auto choice."),
+    ServerFlag("speculative_eagle_topk", ("--speculative-eagle-topk",),
+               "The number of tokens sampled from the draft model in eagle2 each step."),
+    ServerFlag("speculative_num_draft_tokens", ("--speculative-draft-tokens",),
+               "The number of tokens sampled from the draft model in Speculative Decoding (verified per step); also "
+               "accepted as SGLang's name, with num- before draft.",
+               hidden_names=("--speculative-num-draft-tokens",)),
+    ServerFlag("speculative_accept_length", ("--speculative-accept-length",),
+               "poolsim: mean tokens accepted per verify step, bonus token included (SGLang's logged "
+               "'accept len'), in [1, num_steps + 1]; run and bench need it or --speculative-accept-file."),
+    ServerFlag("speculative_accept_file", ("--speculative-accept-file",),
+               "poolsim: a JSON list of counts or probabilities, entry i for i accepted draft tokens (accept "
+               "length i + 1), as SGLang's per-request histogram of correct drafts counts them."),
 )
 
 

@@ -150,16 +150,15 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
     elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
         backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
     elif gpu.arch == "sm100" and model.architecture in QWEN3_5_HYBRID_ARCHS:
-        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 unless the radix cache runs without
-        # the extra buffer (then page 1 and triton)
-        no_buffer_radix = not extra_buffer and not args.disable_radix_cache
-        return ("triton", 1) if no_buffer_radix else ("trtllm_mha", 64)
+        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 when the default backend is trtllm_mha, unless
+        # the radix cache runs without the extra buffer and without speculation (then page 1 and triton)
+        no_buffer_radix = not extra_buffer and not args.disable_radix_cache and args.speculative_algorithm is None
+        trtllm = _mha_default_backend(model, gpu, args) == "trtllm_mha"
+        return ("trtllm_mha", 64) if trtllm and not no_buffer_radix else ("triton", 1)
     elif gpu.arch == "sm100" and model.architecture == "NemotronHForCausalLM":
         backend = "trtllm_mha"  # model_overrides/nemotron_h.py:142-143
     elif not model.use_mla:
-        backend = {"sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "flashinfer")
-        if gpu.arch == "sm100":
-            backend = "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
+        backend = _mha_default_backend(model, gpu, args)
     else:
         backend = {"sm90": "fa3", "sm100": "flashinfer"}.get(gpu.arch, "triton")
         if gpu.arch == "gfx942":
@@ -167,6 +166,22 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
     if backend == "fa3" and args.kv_cache_dtype == "fp8_e5m2":
         backend = "triton"  # overrides.py:1272-1280
     return backend, None
+
+
+def _mha_default_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> str:
+    """get_default_attn_backend for MHA (model_override_base.py:300-330). It runs before the speculative hook, so
+    it sees the flags as given: fa3 on Hopper and trtllm_mha/fa4 on Blackwell need topk unset, or 1 at page 1
+    (is_no_spec_infer_or_topk_one, utils/common.py:3960-3966); Blackwell's also needs speculation off or topk
+    given. Otherwise FlashInfer."""
+    topk = args.speculative_eagle_topk
+    no_spec_or_topk_one = topk is None or (topk == 1 and args.page_size == 1)
+    if gpu.arch == "sm90":
+        return "fa3" if no_spec_or_topk_one else "flashinfer"
+    if gpu.arch == "sm100":
+        if no_spec_or_topk_one and (args.speculative_algorithm is None or topk is not None):
+            return "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
+        return "flashinfer"
+    return {"gfx942": "aiter"}.get(gpu.arch, "flashinfer")
 
 
 def resolve_page_size(model: ModelConfig, gpu: GPUSpec, backend: str, page_size: int) -> int:

@@ -158,3 +158,8 @@ def test_plan_json_and_table(tmp_path):
     assert "464,203 per rank; whole server 3,713,624" in r.stdout
     r = CliRunner().invoke(app, ["plan", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--json"])
     assert json.loads(r.stdout)["parallel"] == dict(tp=8, attn_tp=8, attn_dp=1, ep=1, pp=1, nnodes=1)
+
+
+def test_speculative_with_attention_dp_is_refused():
+    with pytest.raises(SizingError, match="draft's weights and pools shard under attention DP"):
+        plan("deepseek-v3", tp_size=8, attn_dp_size=8, speculative_algorithm="NEXTN")

@@ -30,6 +30,8 @@ ARCHITECTURES = {  # architectures[0] -> "module:Class" in this package
     "Llama4ForCausalLM": "llama4:Llama4",
     "Llama4ForConditionalGeneration": "llama4:Llama4",
     "LlamaForCausalLM": "llama:DenseDecoder",
+    "LlamaForCausalLMEagle": "eagle:LlamaEagle",  # draft heads (--speculative-draft-model-path)
+    "LlamaForCausalLMEagle3": "eagle:LlamaEagle",
     "MistralForCausalLM": "llama:DenseDecoder",
     "Qwen2ForCausalLM": "llama:DenseDecoder",
     "Qwen3ForCausalLM": "llama:DenseDecoder",
