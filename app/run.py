@@ -221,9 +221,11 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     for a caller that has the whole table on disk. ``plan``: ``plan_memory(model, gpu, args, runtime_overhead_gib=
     runtime_overhead_gib)`` when the caller has it already (it is not planned again)."""
     check_run_options(router, max_concurrency, slo_on, slo_p99_s)
-    if args.attn_dp_size > 1:  # one scheduler per attention-DP group, in lockstep: not simulated yet
-        raise ValueError(f"--attn-dp-size {args.attn_dp_size}: run does not yet simulate one scheduler per "
-                         "attention-DP group; `poolsim plan` sizes this server")
+    for flag, value, what in (("--attn-dp-size", args.attn_dp_size, "one scheduler per attention-DP group"),
+                              ("--ep-size", args.ep_size, "the expert all-to-all in the step time"),
+                              ("--pp-size", args.pp_size, "the pipeline's micro-batches and send/recv")):
+        if value > 1:  # sized by plan; the scheduler and the time model do not have them yet
+            raise ValueError(f"{flag} {value}: run does not yet simulate {what}; `poolsim plan` sizes this server")
     if plan is None:
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
     config = scheduler_config(plan, args, seed)

@@ -312,7 +312,7 @@ class ModelConfig:
                        if not t.runtime_copy and t.name != "embed_tokens"))
 
     def weight_bytes_per_rank(self, tp: int, gpu_arch: str = "sm90", *, attn_tp: int | None = None,
-                              dense_tp: int | None = None, ep: int = 1) -> int:
+                              dense_tp: int | None = None, ep: int = 1, skip: tuple[str, ...] = ()) -> int:
         """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank.
 
         ``attn_tp``: under attention DP (``--attn-dp-size``), the attention projections and the input embedding
@@ -320,12 +320,15 @@ class ModelConfig:
         ``dense_tp``: the dense MLP's width (``--moe-dense-tp-size 1`` replicates it). None: tp.
         ``ep``: expert parallelism: a rank holds num_experts / ep routed experts
         (``layers/moe/fused_moe_triton/layer.py:414-416``), each with its intermediate split over
-        moe_tp = tp / ep ranks (``:427-428``; ``runtime_context.py:154``).
+        moe_tp = tp / ep ranks (``:427-428``; ``runtime_context.py:154``). ``skip``: tensor names a pipeline stage
+        does not hold (``PPMissingLayer``: the embedding off the first stage, the LM head off the last).
         """
         model_bytes = dtype_bytes(self.dtype)
         widths = {"tp": tp, "attn_tp": attn_tp or tp, "dense_tp": dense_tp or tp, "experts": tp // ep}
         total = 0
         for t in self.weight_tensors(gpu_arch):
+            if t.name in skip:
+                continue
             group = weight_group(t)
             if group == "experts" and ep > 1:
                 t = replace(t, count=t.count // ep)

@@ -103,7 +103,10 @@ def resolve_layout(model: ModelConfig, args) -> ParallelLayout:
         if e.intermediate_size % (tp // ep):  # layer.py:427
             raise SizingError(f"moe_intermediate_size {e.intermediate_size} is not divisible by the MoE TP size "
                               f"{tp // ep} (--tp {tp} / --ep-size {ep})")
-    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, ep=ep, dense_tp=dense)
+    if args.pp_size < 1:
+        raise SizingError(f"--pp-size {args.pp_size} must be positive")
+    check_pp(model, args)
+    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, ep=ep, pp=args.pp_size, dense_tp=dense)
 
 
 def weight_bytes_per_rank(model: ModelConfig, layout: ParallelLayout, gpu_arch: str) -> int:
@@ -113,3 +116,72 @@ def weight_bytes_per_rank(model: ModelConfig, layout: ParallelLayout, gpu_arch: 
     return model.weight_bytes_per_rank(layout.tp, gpu_arch, attn_tp=layout.attn_tp, dense_tp=layout.dense_tp,
                                        ep=layout.ep)
 
+
+
+# ---- pipeline parallelism --------------------------------------------------------------------------
+
+
+def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """get_pp_indices (distributed/utils.py:110-150) without SGLANG_PP_LAYER_PARTITION: num_layers // pp each,
+    the last num_layers % pp stages one more."""
+    base, extra = divmod(num_layers, pp)
+    out = []
+    for rank in range(pp):
+        if rank >= pp - extra:
+            start = rank * (base + 1) - (pp - extra)
+            out.append((start, start + base + 1))
+        else:
+            out.append((rank * base, rank * base + base))
+    return out
+
+
+@dataclass(frozen=True)
+class PPStage:
+    rank: int
+    start_layer: int
+    end_layer: int  # exclusive
+    model: ModelConfig  # the stage's layers only (KV layer ids renumbered from 0)
+    weight_bytes: int  # per rank of this stage
+
+
+def check_pp(model: ModelConfig, args) -> None:
+    """What poolsim sizes per stage: plain full-attention decoders (MHA, MLA), no draft model."""
+    pp = args.pp_size
+    if pp == 1:
+        return
+    n = len(model.layers)
+    if pp > n:
+        raise SizingError(f"--pp-size {pp}: more stages than the model's {n} layers")
+    why = ("hybrid linear attention (the mamba pool's per-stage layer scale)" if model.is_hybrid
+           else "sliding-window layers" if model.swa is not None
+           else "DSA index caches" if model.dsa is not None
+           else "multimodal towers" if model.is_multimodal
+           else "family-specific tensors with no layer" if model.extra_weights else None)
+    if why:
+        raise SizingError(f"--pp-size {pp} on {model.name}: poolsim does not split {why} across stages")
+    if getattr(args, "speculative_algorithm", None):
+        raise SizingError(f"--pp-size {pp} with --speculative-algorithm: the draft's stage is not modelled")
+
+
+def pp_stages(model: ModelConfig, layout: ParallelLayout, gpu_arch: str) -> list[PPStage]:
+    """Each stage's layers and weights. The first stage holds the embedding, the last the LM head and final norm
+    (PPMissingLayer elsewhere, models/deepseek_v2.py:2942-2949, :3285-3300; models/qwen2.py:369-372); a tied LM
+    head becomes its own tensor on the last stage when pp > 1 (:3287)."""
+    from dataclasses import replace
+
+    stages = []
+    ranges = pp_layer_ranges(len(model.layers), layout.pp)
+    h = model.hidden_size
+    untied = replace(model, tie_word_embeddings=False)
+    for rank, (start, end) in enumerate(ranges):
+        sub = replace(untied, layers=tuple(model.layers[start:end]), num_hidden_layers=end - start)
+        first, last = rank == 0, rank == layout.pp - 1
+        skip = tuple(name for name, held in (("embed_tokens", first), ("lm_head", last)) if not held)
+        b = sub.weight_bytes_per_rank(layout.tp, gpu_arch, attn_tp=layout.attn_tp, dense_tp=layout.dense_tp,
+                                      ep=layout.ep, skip=skip)
+        if not last:  # the final norm (one h-wide vector in the model dtype) is the last stage's
+            from poolsim.pools.dtypes import dtype_bytes
+
+            b -= h * dtype_bytes(model.dtype)
+        stages.append(PPStage(rank, start, end, sub, b))
+    return stages

@@ -52,7 +52,7 @@ from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing 
     spec_verify_state_bytes,
     split_mamba_budget,
 )
-from poolsim.pools.sizing.parallel import ParallelLayout, resolve_layout, weight_bytes_per_rank
+from poolsim.pools.sizing.parallel import ParallelLayout, pp_stages, resolve_layout, weight_bytes_per_rank
 from poolsim.pools.sizing.pool_configurator import pool_configurator
 from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.pools.sizing.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
@@ -196,6 +196,10 @@ class MemoryPlan:
     pp_size: int = 1
     nnodes: int = 1
     moe_dense_tp_size: int | None = None
+    # pipeline stages: (rank, start_layer, end_layer, weights GiB per rank, profiled tokens); the plan's other
+    # sizes are the binding stage's, the one with the fewest tokens (every stage is cut to it)
+    pp_stages: tuple[tuple[int, int, int, float, int], ...] = ()
+    pp_binding_stage: int | None = None
     # DeepSeek sparse attention (None otherwise)
     index_head_dim: int | None = None
     index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
@@ -278,8 +282,12 @@ class MemoryPlan:
     def _layout_rows(self) -> list[tuple[str, str]]:
         """The ranks and what each holds, when the server is more than one plain TP group."""
         lay = self.layout
-        if lay.attn_dp == 1 and lay.ep == 1 and self.moe_dense_tp_size in (None, lay.tp):
+        if lay.attn_dp == 1 and lay.ep == 1 and lay.pp == 1 and self.moe_dense_tp_size in (None, lay.tp):
             return []
+        stages = [(f"  stage {r}" + (" (binds)" if r == self.pp_binding_stage else ""),
+                   f"layers {a}-{b - 1}{' + embedding' if r == 0 else ''}"
+                   f"{' + LM head' if r == lay.pp - 1 else ''}: {w:.2f} GiB weights per rank, {t:,} KV tokens "
+                   "profiled") for r, a, b, w, t in self.pp_stages]
         experts = (f"routed experts 1/{lay.ep} of them at 1/{lay.tp // lay.ep} width" if lay.ep > 1
                    else f"routed experts 1/{lay.tp}")
         return [("layout", f"{lay.gpus} GPUs: tp {lay.tp} = {lay.attn_dp} attention-DP group"
@@ -288,7 +296,8 @@ class MemoryPlan:
                 ("each rank holds", f"attention and embedding 1/{lay.attn_tp}"
                                     + (f" (replicated {lay.attn_dp}x vs plain tp)" if lay.attn_dp > 1 else "")
                                     + f", LM head and shared experts 1/{lay.tp}, {experts}, dense MLP "
-                                    f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows")]
+                                    f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows"
+                                    + ("; its stage's layers" if lay.pp > 1 else "")), *stages]
 
     def _speculative_rows(self) -> list[tuple[str, str]]:
         """The speculative block of ``MemoryPlan.table``."""
@@ -514,6 +523,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
                           "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
 
     strategy, disable_overlap, overlap_forced_off = (None, args.disable_overlap_schedule, False)
+    if layout.pp > 1:  # "Pipeline parallelism is incompatible with overlap schedule" (arg_groups/overrides.py:1624-1628)
+        disable_overlap = True
     if model.is_hybrid:
         strategy, disable_overlap, overlap_forced_off = resolve_mamba_strategy(model, gpu, args)
     extra_buffer = strategy in ("extra_buffer", "extra_buffer_lazy")
@@ -547,6 +558,25 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     if spec is not None:  # the draft is loaded before the target's pool is sized (scheduler.py:1077-1108)
         draft_weights = draft_weight_bytes(spec, tp, gpu.arch) / GIB
         weights += draft_weights
+    pool_model, stage_rows, binding, layer_offset = model, (), None, 0
+    if layout.pp > 1:  # each stage profiles its own layers; the pool is the minimum over them (:3108-3115)
+        stages = pp_stages(model, layout, gpu.arch)
+        stage_slack = pre_model_load * (1 - mem_fraction_static) + (
+            MM_EMBEDDING_CACHE_MIB / 1024 if model.is_multimodal else 0.0)
+        rows = []
+        for st in stages:
+            stage_rest = pre_model_load - st.weight_bytes / GIB - stage_slack
+            if pre_model_load - st.weight_bytes / GIB <= 0:
+                raise SizingError(f"--pp-size {layout.pp}: stage {st.rank} (layers {st.start_layer}-"
+                                  f"{st.end_layer - 1}) needs {st.weight_bytes / GIB:.2f} GiB of weights per rank, "
+                                  f"more than the {pre_model_load:.2f} GiB free on {gpu.name}")
+            c = pool_configurator(st.model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+                                  swa_full_tokens_ratio=args.swa_full_tokens_ratio)
+            tokens = c.calculate_pool_sizes(int(stage_rest * (1 << 30))).max_total_num_tokens if stage_rest > 0 else 0
+            rows.append((st.rank, st.start_layer, st.end_layer, st.weight_bytes / GIB, tokens))
+        binding = min(range(len(rows)), key=lambda i: rows[i][4])  # the first of equals
+        stage_rows, pool_model = tuple(rows), stages[binding].model
+        weights, layer_offset = stages[binding].weight_bytes / GIB, stages[binding].start_layer
     available = pre_model_load - weights  # GiB free after loading weights
     slack = pre_model_load * (1 - mem_fraction_static)  # GiB kept for activations, graphs, req_to_token
     # mm_runtime_reservation_gb (kv_cache_configurator.py:202-219): a multimodal model keeps
@@ -603,7 +633,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     warnings = []
     draft_layers = spec.budget_draft_layers if spec is not None else 0
     # KV heads per rank: get_num_kv_heads(attn_tp) (kv_cache_configurator.py:1047-1048)
-    conf = pool_configurator(model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
+    conf = pool_configurator(pool_model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
                              swa_full_tokens_ratio=args.swa_full_tokens_ratio, draft_layers=draft_layers)
     cell = conf.target_cell_size()  # B per token of the target's pool (float for hybrid SWA)
     sizes = conf.calculate_pool_sizes(available_bytes)  # divides by the target's cell plus the draft's share
@@ -689,7 +719,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         gpu_total_gib=gpu_total, runtime_overhead_gib=overhead, pre_model_load_gib=pre_model_load,
         weights_gib_per_rank=weights, available_after_weights_gib=available, non_static_headroom_gib=slack,
         rest_gib=rest_before_mamba,
-        cell_size_bytes=cell, kv_layer_num=len(model.full_attention_layer_ids),
+        cell_size_bytes=cell, kv_layer_num=len(pool_model.full_attention_layer_ids),
         kv_head_num=1 if model.use_mla else kv_heads_per_rank(model, attn_tp),
         head_dim=model.kv_lora_rank + model.qk_rope_head_dim if model.use_mla else model.head_dim,
         v_head_dim=0 if model.use_mla else model.v_head_dim,
@@ -701,8 +731,10 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         kv_size_gib=None if isinstance(kv_sizes, tuple) else kv_sizes / GIB,
         max_running_requests=max_reqs, req_to_token_rows=max_reqs, req_to_token_gib=req_to_token_bytes / GIB,
         free_after_pools_gib=free_after_pools, rows_capped_by_mamba=capped,
-        full_attention_layer_ids=tuple(getattr(conf, "full_layer_ids", model.full_attention_layer_ids)),
+        full_attention_layer_ids=tuple(i + layer_offset for i in getattr(conf, "full_layer_ids",
+                                                                          pool_model.full_attention_layer_ids)),
         attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size, ep_size=layout.ep,
+        pp_size=layout.pp, pp_stages=stage_rows, pp_binding_stage=binding,
         disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes,
         warnings=tuple(warnings), **hybrid_fields, **window_fields, speculative=spec_plan)
 

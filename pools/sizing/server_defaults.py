@@ -80,7 +80,7 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
         activation_tokens = max(args.max_prefill_tokens, 2048)
     reserved = 512  # MiB: constant metadata (attention backend)
     reserved += activation_tokens * 1.5  # MiB: activations
-    reserved += tp * 1 / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes
+    reserved += tp * args.pp_size / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes (memory_hook.py:312)
     reserved += _reserve_for_graph_mib(model, gpu, args, decode_max_bs, chunked_prefill_size)  # MiB
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)  # MiB: a 10 GiB floor on big cards
@@ -120,6 +120,8 @@ def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill
             reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead
         else:
             max_bs = chunked_prefill_size
+            if args.pp_size > 1:  # PP captures up to 8192 tokens (memory_hook.py:243-250, :25)
+                max_bs = min(max_bs, 8192)
             if args.max_total_tokens is not None:
                 max_bs = min(max_bs, args.max_total_tokens)
             reserved += len(prefill_cuda_graph_bs(max_bs)) * 8  # MiB per captured prefill size
