@@ -33,6 +33,11 @@ class GPUSpec:
     memory_bytes: int | None = None  # physical total if it differs from memory_mib (AMD)
     link_bandwidth: float = 450e9  # B/s per direction to the other GPUs of the server (scale-up fabric)
     interconnect: str = "NVLink 4"
+    # the server (node) the GPU comes in: GPUs per node and each GPU's scale-out link to other nodes, B/s per
+    # direction (None: not from a datasheet; poolsim then checks no node layout)
+    gpus_per_node: int | None = None
+    scale_out_bandwidth: float | None = None
+    scale_out: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -76,26 +81,36 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     # BF16 1,979 TFLOPS and FP8 3,958 TFLOPS "with sparsity" -> dense is half.
     # nvidia-smi memory.total 81559 MiB (e.g. sgl-project/sglang#7478).
     # NVLink 4: 18 links, 900 GB/s bidirectional per GPU -> 450 GB/s per direction.
+    # HGX/DGX H100 (DGX H100 datasheet): 8 GPUs per node, 8x single-port ConnectX-7 VPI, 400 Gb/s InfiniBand
+    # NDR per GPU -> 50 GB/s per direction.
     "h100": GPUSpec("H100 80GB SXM", 81559, 3.35 * TB, 989.5 * TB, 1979 * TB, "sm90",
-                    link_bandwidth=450e9, interconnect="NVLink 4"),
+                    link_bandwidth=450e9, interconnect="NVLink 4", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU"),
     # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s,
     # BF16 1,979 / FP8 3,958 TFLOPS with sparsity. nvidia-smi memory.total 143771 MiB.
     # NVLink 4, 900 GB/s bidirectional (H200 datasheet) -> 450 GB/s per direction.
+    # HGX/DGX H200 (DGX H200 datasheet): 8 GPUs per node, 8x ConnectX-7 400 Gb/s InfiniBand NDR -> 50 GB/s.
     "h200": GPUSpec("H200 141GB SXM", 143771, 4.8 * TB, 989.5 * TB, 1979 * TB, "sm90",
-                    link_bandwidth=450e9, interconnect="NVLink 4"),
+                    link_bandwidth=450e9, interconnect="NVLink 4", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU"),
     # NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx): per GPU 180 GB HBM3e, 8 TB/s,
     # FP8 9 PFLOPS and BF16 4.5 PFLOPS with sparsity -> 4.5 / 2.25 PFLOPS dense.
     # nvidia-smi memory.total 183359 MiB.
     # NVLink 5: 1.8 TB/s bidirectional per GPU (HGX B200 datasheet) -> 900 GB/s per direction.
+    # DGX B200 datasheet: 8 GPUs per node, 8x single-port ConnectX-7 VPI up to 400 Gb/s -> 50 GB/s.
     "b200": GPUSpec("B200 180GB", 183359, 8.0 * TB, 2250 * TB, 4500 * TB, "sm100",
-                    link_bandwidth=900e9, interconnect="NVLink 5"),
+                    link_bandwidth=900e9, interconnect="NVLink 5", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU"),
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): A100 80GB SXM 2,039 GB/s,
     # A100 40GB SXM 1,555 GB/s; BF16 312 TFLOPS dense; no FP8. nvidia-smi 81920 / 40960 MiB.
     # NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet) -> 300 GB/s per direction.
+    # DGX A100 datasheet: 8 GPUs per node, 8x single-port ConnectX-6 VPI 200 Gb/s HDR InfiniBand -> 25 GB/s.
     "a100-80gb": GPUSpec("A100 80GB SXM", 81920, 2.039 * TB, 312 * TB, None, "sm80",
-                         link_bandwidth=300e9, interconnect="NVLink 3"),
+                         link_bandwidth=300e9, interconnect="NVLink 3", gpus_per_node=8, scale_out_bandwidth=25e9,
+                         scale_out="InfiniBand HDR 200 Gb/s per GPU"),
     "a100-40gb": GPUSpec("A100 40GB SXM", 40960, 1.555 * TB, 312 * TB, None, "sm80",
-                         link_bandwidth=300e9, interconnect="NVLink 3"),
+                         link_bandwidth=300e9, interconnect="NVLink 3", gpus_per_node=8, scale_out_bandwidth=25e9,
+                         scale_out="InfiniBand HDR 200 Gb/s per GPU"),
     # NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s; BF16 362.05 TFLOPS, FP8 733 TFLOPS dense
     # (733 / 1,466 with sparsity). nvidia-smi memory.total 46068 MiB.
     # No NVLink: PCIe Gen4 x16, 64 GB/s bidirectional (L40S datasheet) -> 32 GB/s per direction.

@@ -106,7 +106,32 @@ def resolve_layout(model: ModelConfig, args) -> ParallelLayout:
     if args.pp_size < 1:
         raise SizingError(f"--pp-size {args.pp_size} must be positive")
     check_pp(model, args)
-    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, ep=ep, pp=args.pp_size, dense_tp=dense)
+    nn = args.nnodes
+    if (tp * args.pp_size) % nn:  # arg_groups/validation_hook.py:179-181
+        raise SizingError(f"--nnodes {nn} does not divide the --tp {tp} x --pp-size {args.pp_size} GPUs")
+    if dp > 1 and nn > 1:  # validation_hook.py:199-202
+        raise SizingError(f"--dp-size {dp} with --nnodes {nn}: multi-node data-parallel replicas are not supported; "
+                          "use attention DP (--attn-dp-size) across nodes")
+    return ParallelLayout(tp=tp, attn_tp=tp // attn_dp, attn_dp=attn_dp, ep=ep, pp=args.pp_size, nnodes=nn,
+                          dense_tp=dense)
+
+
+def check_nodes(layout: ParallelLayout, gpu) -> str | None:
+    """The GPUs per node the layout needs against the system's (``GPUSpec.gpus_per_node``): an error past it on
+    several nodes; on one node, the warning to return (a single-node launch of more GPUs than a node has)."""
+    per_node = layout.gpus // layout.nnodes
+    cap = gpu.gpus_per_node
+    if cap is None:
+        if layout.nnodes > 1:
+            raise SizingError(f"--nnodes {layout.nnodes} on {gpu.name}: the catalog has no node size for it")
+        return None
+    if per_node <= cap:
+        return None
+    if layout.nnodes > 1:
+        raise SizingError(f"--nnodes {layout.nnodes}: {layout.gpus} GPUs is {per_node} per node, more than the {cap} "
+                          f"of a {gpu.name} node")
+    return (f"tp {layout.tp} x pp {layout.pp} = {layout.gpus} GPUs exceed the {cap} of one {gpu.name} node: SGLang "
+            f"needs --nnodes {-(-layout.gpus // cap)}")
 
 
 def weight_bytes_per_rank(model: ModelConfig, layout: ParallelLayout, gpu_arch: str) -> int:

@@ -52,7 +52,13 @@ from poolsim.pools.sizing.mamba import (  # noqa: F401 (re-exported: the sizing 
     spec_verify_state_bytes,
     split_mamba_budget,
 )
-from poolsim.pools.sizing.parallel import ParallelLayout, pp_stages, resolve_layout, weight_bytes_per_rank
+from poolsim.pools.sizing.parallel import (
+    ParallelLayout,
+    check_nodes,
+    pp_stages,
+    resolve_layout,
+    weight_bytes_per_rank,
+)
 from poolsim.pools.sizing.pool_configurator import pool_configurator
 from poolsim.pools.sizing.server_args import ServerArgs
 from poolsim.pools.sizing.server_defaults import (  # noqa: F401 (re-exported: the sizing API)
@@ -200,6 +206,8 @@ class MemoryPlan:
     # sizes are the binding stage's, the one with the fewest tokens (every stage is cut to it)
     pp_stages: tuple[tuple[int, int, int, float, int], ...] = ()
     pp_binding_stage: int | None = None
+    gpus_per_node: int | None = None  # the GPU system's (catalog), and its inter-node link
+    scale_out: str | None = None
     # DeepSeek sparse attention (None otherwise)
     index_head_dim: int | None = None
     index_k_size_gib: float | None = None  # the index-K cache; SGLang's "KV size" includes it
@@ -282,8 +290,11 @@ class MemoryPlan:
     def _layout_rows(self) -> list[tuple[str, str]]:
         """The ranks and what each holds, when the server is more than one plain TP group."""
         lay = self.layout
-        if lay.attn_dp == 1 and lay.ep == 1 and lay.pp == 1 and self.moe_dense_tp_size in (None, lay.tp):
+        if (lay.attn_dp == 1 and lay.ep == 1 and lay.pp == 1 and lay.nnodes == 1
+                and self.moe_dense_tp_size in (None, lay.tp)):
             return []
+        nodes = ([("nodes", f"{lay.nnodes} x {lay.gpus // lay.nnodes} GPUs (a node holds "
+                            f"{self.gpus_per_node}); between nodes: {self.scale_out}")] if lay.nnodes > 1 else [])
         stages = [(f"  stage {r}" + (" (binds)" if r == self.pp_binding_stage else ""),
                    f"layers {a}-{b - 1}{' + embedding' if r == 0 else ''}"
                    f"{' + LM head' if r == lay.pp - 1 else ''}: {w:.2f} GiB weights per rank, {t:,} KV tokens "
@@ -297,7 +308,7 @@ class MemoryPlan:
                                     + (f" (replicated {lay.attn_dp}x vs plain tp)" if lay.attn_dp > 1 else "")
                                     + f", LM head and shared experts 1/{lay.tp}, {experts}, dense MLP "
                                     f"1/{self.moe_dense_tp_size or lay.tp}; its DP group's KV and rows"
-                                    + ("; its stage's layers" if lay.pp > 1 else "")), *stages]
+                                    + ("; its stage's layers" if lay.pp > 1 else "")), *stages, *nodes]
 
     def _speculative_rows(self) -> list[tuple[str, str]]:
         """The speculative block of ``MemoryPlan.table``."""
@@ -494,6 +505,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
     layout = resolve_layout(model, args)
     attn_tp, attn_dp = layout.attn_tp, layout.attn_dp
     validate_tp(model, tp, attn_tp, moe_tp=tp // layout.ep)
+    node_warning = check_nodes(layout, gpu)
     validate_gpu(model, gpu)
     if args.page_size < 1 or args.page_size & (args.page_size - 1):
         raise SizingError(f"--page-size {args.page_size} is not a power of two")
@@ -630,7 +642,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         mamba = (params, per_slot, max_mamba)
 
     available_bytes = int(rest * (1 << 30))  # B, as _profile_available_bytes returns
-    warnings = []
+    warnings = [node_warning] if node_warning else []
     draft_layers = spec.budget_draft_layers if spec is not None else 0
     # KV heads per rank: get_num_kv_heads(attn_tp) (kv_cache_configurator.py:1047-1048)
     conf = pool_configurator(pool_model, attn_tp, page_size, kv_dtype, gpu_arch=gpu.arch,
@@ -734,7 +746,8 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
         full_attention_layer_ids=tuple(i + layer_offset for i in getattr(conf, "full_layer_ids",
                                                                           pool_model.full_attention_layer_ids)),
         attn_dp_size=attn_dp, attn_tp_size=attn_tp, moe_dense_tp_size=args.moe_dense_tp_size, ep_size=layout.ep,
-        pp_size=layout.pp, pp_stages=stage_rows, pp_binding_stage=binding,
+        pp_size=layout.pp, nnodes=layout.nnodes, pp_stages=stage_rows, pp_binding_stage=binding,
+        gpus_per_node=gpu.gpus_per_node, scale_out=gpu.scale_out,
         disable_overlap_schedule=disable_overlap, mm_reservation_gib=mm_reserve, notes=model.notes,
         warnings=tuple(warnings), **hybrid_fields, **window_fields, speculative=spec_plan)
 

@@ -18,6 +18,7 @@ class ServerArgs:
     moe_dense_tp_size: int | None = None  # None: tp; 1 replicates the dense MLP (DeepSeek family)
     ep_size: int = 1  # expert parallelism inside the TP group
     pp_size: int = 1  # pipeline stages, each a TP group of tp GPUs over its share of the layers
+    nnodes: int = 1  # nodes the tp * pp GPUs span
     moe_a2a_backend: str = "none"  # none only: poolsim does not size the all-to-all backends' buffers
     page_size: int = 1
     mem_fraction_static: float | None = None
@@ -87,6 +88,7 @@ SERVER_FLAGS = (
                "group, one scheduler each, while the FFN stays tensor parallel."),
     ServerFlag("moe_dense_tp_size", ("--moe-dense-tp-size",),
                "TP size for MoE dense MLP layers: unset (tp) or 1 (replicated)."),
+    ServerFlag("nnodes", ("--nnodes",), "The number of nodes."),
     ServerFlag("pp_size", ("--pp", "--pp-size", "--pipeline-parallel-size"), "The pipeline parallelism size."),
     ServerFlag("ep_size", ("--ep", "--ep-size", "--expert-parallel-size"), "The expert parallelism size."),
     ServerFlag("moe_a2a_backend", ("--moe-a2a-backend",),
@@ -160,7 +162,7 @@ SERVER_FLAGS = (
 # Numbers SGLang would reject or that make no server (a track interval of 0 divides by zero; a negative
 # conservativeness admits without bound): checked where a ServerArgs is made, so a sweep grid's bad value is that
 # row's error. tp is checked with the model (pools/sizing/plan.py validate_tp), whose heads it must divide.
-_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "ep_size", "pp_size", "page_size", "max_prefill_tokens",
+_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "ep_size", "pp_size", "nnodes", "page_size", "max_prefill_tokens",
                "scheduler_recv_interval", "mamba_track_interval",
                "context_length", "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
 _POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
