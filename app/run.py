@@ -223,7 +223,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     check_run_options(router, max_concurrency, slo_on, slo_p99_s)
     for flag, value, what in (("--attn-dp-size", args.attn_dp_size, "one scheduler per attention-DP group"),
                               ("--ep-size", args.ep_size, "the expert all-to-all in the step time"),
-                              ("--pp-size", args.pp_size, "the pipeline's micro-batches and send/recv")):
+                              ("--pp-size", args.pp_size, "the pipeline's micro-batches and send/recv"),
+                              ("--nnodes", args.nnodes, "collectives over the inter-node link")):
         if value > 1:  # sized by plan; the scheduler and the time model do not have them yet
             raise ValueError(f"{flag} {value}: run does not yet simulate {what}; `poolsim plan` sizes this server")
     if plan is None:

@@ -61,3 +61,12 @@ def test_json_parallel():
                                  "--nnodes", "2", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["parallel"] == dict(tp=8, attn_tp=8, attn_dp=1, ep=1, pp=2, nnodes=2)
+
+
+@pytest.mark.parametrize("flags", [dict(tp_size=8, attn_dp_size=8), dict(tp_size=8, ep_size=8),
+                                   dict(tp_size=8, pp_size=2, nnodes=2), dict(tp_size=8, nnodes=2)])
+def test_run_refuses_what_it_does_not_simulate(flags):
+    from poolsim.app.run import simulate
+
+    with pytest.raises(ValueError, match="run does not yet simulate"):
+        simulate([], ModelConfig.load("deepseek-v3"), H200, ServerArgs(**flags))
