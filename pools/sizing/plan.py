@@ -535,7 +535,7 @@ def plan_memory(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *,
                           "pool from the request cap (SWARequestCapPoolConfigurator), which poolsim does not model")
 
     strategy, disable_overlap, overlap_forced_off = (None, args.disable_overlap_schedule, False)
-    if layout.pp > 1:  # "Pipeline parallelism is incompatible with overlap schedule" (arg_groups/overrides.py:1624-1628)
+    if layout.pp > 1:  # "Pipeline parallelism is incompatible with overlap schedule" (overrides.py:1624-1628)
         disable_overlap = True
     if model.is_hybrid:
         strategy, disable_overlap, overlap_forced_off = resolve_mamba_strategy(model, gpu, args)

@@ -162,9 +162,9 @@ SERVER_FLAGS = (
 # Numbers SGLang would reject or that make no server (a track interval of 0 divides by zero; a negative
 # conservativeness admits without bound): checked where a ServerArgs is made, so a sweep grid's bad value is that
 # row's error. tp is checked with the model (pools/sizing/plan.py validate_tp), whose heads it must divide.
-_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "ep_size", "pp_size", "nnodes", "page_size", "max_prefill_tokens",
-               "scheduler_recv_interval", "mamba_track_interval",
-               "context_length", "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
+_AT_LEAST_1 = ("dp_size", "attn_dp_size", "moe_dense_tp_size", "ep_size", "pp_size", "nnodes", "page_size",
+               "max_prefill_tokens", "scheduler_recv_interval", "mamba_track_interval", "context_length",
+               "max_running_requests", "max_total_tokens", "max_mamba_cache_size")
 _POSITIVE = ("schedule_conservativeness", "mamba_full_memory_ratio", "swa_full_tokens_ratio")
 
 

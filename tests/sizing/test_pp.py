@@ -36,7 +36,7 @@ def test_qwen3_8b_pp2_each_stage_its_half_and_the_last_binds():
     embed = 151936 * 4096 * 2
     stage0 = 18 * qwen3_8b_layer_bytes() + embed  # + the embedding
     stage1 = 18 * qwen3_8b_layer_bytes() + embed + 4096 * 2  # + the LM head and the final norm
-    (r0, a0, b0, w0, t0), (r1, a1, b1, w1, t1) = p.pp_stages
+    (_, a0, b0, w0, t0), (_, a1, b1, w1, t1) = p.pp_stages
     assert (a0, b0, a1, b1) == (0, 18, 18, 36)
     assert (round(w0 * GIB), round(w1 * GIB)) == (stage0, stage1)
     cell = 8 * 128 * 2 * 2 * 18  # 8 KV heads of 128, K and V, bf16, 18 layers per stage
