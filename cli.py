@@ -22,7 +22,7 @@ import typer  # noqa: E402
 
 from poolsim.sim import ROUTERS  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Capacity planner for LLM-serving memory: SGLang's pools, radix cache and scheduler, simulated.")
 
 
@@ -56,27 +56,24 @@ def _fail(error: Exception) -> None:
 
 
 def _sglang_options() -> dict:
-    """An option per ServerArgs field, from pools.sizing.server_args.SERVER_FLAGS: the field's type and default.
-    A flag's ``hidden_names`` (SGLang names too long for --help) are accepted but not listed: the whole option
-    when it has no other name, else a second, hidden option under ``HIDDEN_ALIAS`` + field that the command's
-    wrapper folds into the field."""
+    """An option per ServerArgs field, from pools.sizing.server_args.SERVER_FLAGS: the field's type and default."""
     from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
 
     types, defaults = typing.get_type_hints(ServerArgs), ServerArgs()
-    out = {}
-    for f in SERVER_FLAGS:
-        default = getattr(defaults, f.field)
-        if not f.names:
-            out[f.field] = (types[f.field], typer.Option(default, *f.hidden_names, help=f.help, hidden=True))
-            continue
-        out[f.field] = (types[f.field], typer.Option(default, *f.names, help=f.help))
-        if f.hidden_names:
-            out[HIDDEN_ALIAS + f.field] = (types[f.field], typer.Option(default, *f.hidden_names, help=f.help,
-                                                                        hidden=True))
-    return out
+    return {f.field: (types[f.field], typer.Option(getattr(defaults, f.field), *f.names, help=f.help))
+            for f in SERVER_FLAGS}
 
 
-HIDDEN_ALIAS = "alias_of_"  # SERVER_OPTIONS keys of hidden second names (see _sglang_options)
+def _hidden_sglang_options() -> dict:
+    """SERVER_FLAGS' hidden names (SGLang's names too long for --help's name column): a hidden option each,
+    ``option key -> (type, typer.Option, the field it sets)``."""
+    from poolsim.pools.sizing.server_args import SERVER_FLAGS, ServerArgs
+
+    types = typing.get_type_hints(ServerArgs)
+    return {f"{f.field}__as_{i}": (Optional[types[f.field]],
+                                   typer.Option(None, name, hidden=True, help=f"{f.names[0]}, by SGLang's name."),
+                                   f.field)
+            for f in SERVER_FLAGS for i, name in enumerate(f.hidden_names)}
 
 
 # The server flags shared by every command that builds a server: name -> (type, typer.Option). SGLang's come from
@@ -98,25 +95,31 @@ SERVER_OPTIONS = {
 }
 
 
+HIDDEN_SERVER_OPTIONS = _hidden_sglang_options()
+
+
 def with_server_options(command):
     """Give a command every SGLang server flag; it receives them as one dict, ``server``."""
     own = [p for p in inspect.signature(command).parameters.values() if p.name != "server"]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
              for name, (kind, opt) in SERVER_OPTIONS.items()]
+    extra += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+              for name, (kind, opt, _) in HIDDEN_SERVER_OPTIONS.items()]
     hints = typing.get_type_hints(command)
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         server = {name: kwargs.pop(name) for name in SERVER_OPTIONS}
-        for key in [k for k in server if k.startswith(HIDDEN_ALIAS)]:
-            value, field = server.pop(key), key[len(HIDDEN_ALIAS):]
-            if value != SERVER_OPTIONS[key][1].default:
+        for name, (_, _, field) in HIDDEN_SERVER_OPTIONS.items():  # a hidden name sets its field
+            value = kwargs.pop(name)
+            if value is not None:
                 server[field] = value
         return command(server=server, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(
         [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own] + extra)
-    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()}}
+    wrapper.__annotations__ = {**{p.name: hints.get(p.name) for p in own}, **{n: k for n, (k, _) in SERVER_OPTIONS.items()},
+                               **{n: k for n, (k, _, _) in HIDDEN_SERVER_OPTIONS.items()}}
     del wrapper.__wrapped__  # typer must see the new signature, not the original's
     return wrapper
 
@@ -312,6 +315,56 @@ def _simulate(trace, server: tuple, opts: dict, trace_info: dict, quiet: bool, a
                         progress=progress, plan=plan, **opts)
 
 
+def _speculative_row(s: dict) -> str:
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    return (f"{s['speculative_algorithm']}: accept length {num(s['speculative_accept_length'], '.2f')} "
+            f"({s['speculative_accept_length_source']}), {num(s['speculative_tokens_per_step'], ',.1f')} tokens per "
+            f"decode step, draft {num(s['speculative_draft_overhead'], '.0%')} of decode time")
+
+
+def _suggest(result, trace, server: tuple, opts: dict, quiet: bool) -> None:
+    """DOES NOT FIT: the smallest change that fits (app/suggest.py), recorded in run.json as ``would_fit`` (the
+    flags, and the command line with them) for the console and the report."""
+    from poolsim.app.suggest import what_would_fit
+
+    if result.summary["verdict_status"] != "does_not_fit":
+        return
+    model, gpu, args, overhead = server
+    if not quiet:
+        typer.echo("it does not fit: simulating a few larger servers to say what would ...", err=True)
+    found = what_would_fit(trace, model, gpu, args, runtime_overhead_gib=overhead,
+                           **{k: v for k, v in opts.items() if k in ("seed", "max_new_tokens", "router", "step_time",
+                                                                      "calibration", "slo_p99_s", "slo_on")})
+    result.run["would_fit"] = None if found is None else {**found.to_dict(), "command": _command_with(found.flags)}
+    if found is None:
+        from poolsim.app.suggest import candidates
+
+        result.run["would_fit_tried"] = [" ".join(f"{k} {v}" for k, v in f.items()) for f, _, _ in
+                                         candidates(gpu, args)]
+
+
+def _command_with(flags: dict) -> str:
+    """This command line with ``flags`` set (an alias the user typed is replaced in place, else appended)."""
+    import shlex
+
+    aliases = {"--dp": ("--dp", "--dp-size"), "--tp": ("--tp", "--tp-size"), "--gpu": ("--gpu",)}
+    argv = ["poolsim", *sys.argv[1:]]
+    for flag, value in flags.items():
+        names = aliases.get(flag, (flag,))
+        for i, arg in enumerate(argv):
+            if arg in names and i + 1 < len(argv):
+                argv[i + 1] = str(value)
+                break
+            if arg.split("=", 1)[0] in names and "=" in arg:
+                argv[i] = f"{arg.split('=', 1)[0]}={value}"
+                break
+        else:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
+
+
 def _summary_rows(summary: dict) -> list[tuple[str, str]]:
     from poolsim.reports import units
 
@@ -348,6 +401,8 @@ def _summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get("slo_p99_s") is not None:
             rows.append((f"SLO p99 {summary['slo_on']}", f"{ms(summary['slo_observed_p99_s'])} "
                                                          f"(target {ms(summary['slo_p99_s'])})"))
+    if summary.get("speculative_algorithm"):  # the run's speculative decoding (reports/METRICS.md)
+        rows.append(("speculative decoding", _speculative_row(summary)))
     kv_label = "full KV tokens" if "swa" in pools else "KV tokens"
     for name, label in (("kv", kv_label), ("swa", "SWA KV tokens"), ("rows", "request rows"), ("mamba", "mamba slots")):
         if name in pools:
@@ -408,6 +463,9 @@ def run(
     table_format: str = typer.Option("csv", "--table-format",
                                      help="Step and request tables under --out: csv, or parquet (needs pyarrow: "
                                           "the parquet extra)."),
+    suggest: bool = typer.Option(True, "--suggest/--no-suggest",
+                                 help="When it does not fit: simulate a few larger servers (dp x2, tp x2, the next "
+                                      "larger GPU, dp x4) and name the first that fits."),
 ) -> None:
     """Replay a trace through SGLang's scheduler and pools: retractions, aborts, cache hits, latency."""
     from contextlib import nullcontext
@@ -427,6 +485,7 @@ def run(
         check_step_time(step_time, calibration)
         check_table_format(table_format)
         out_state = None if out is None else check_out_dir(out)  # before the (long) simulation
+        second = None if compare_model is None else ModelConfig.load(compare_model, "--compare-model")
         loaded = _load_trace(trace, fmt, skip_bad_lines)
         info = {"path": str(loaded.source_path or trace or ""), "name": loaded.name, "format": loaded.format,
                 "requests": len(loaded), "skipped_lines": loaded.skipped_lines}
@@ -439,9 +498,11 @@ def run(
                                              quiet or as_json, not as_json))]
             if compare_model:
                 _, gpu, args, overhead = primary
-                other = (ModelConfig.load(compare_model), gpu, second_model_args(args, compare_tp), overhead)
+                other = (second, gpu, second_model_args(args, compare_tp), overhead)
                 results.append(("compare", _simulate(loaded, other, dict(opts, stream_dir=dirs[1]), info,
                                                      quiet or as_json, not as_json)))
+            if suggest and not compare_model:
+                _suggest(results[0][1], loaded, primary, opts, quiet or as_json)
             if tmp is not None:
                 write_runs(tmp, dirs, [r for _, r in results], table_format)
     except (ValueError, OSError) as e:  # also: another run took the folder meanwhile
@@ -454,6 +515,11 @@ def run(
         typer.echo(json.dumps(payload, indent=2, default=float))
         return
     _print_summaries(labels, [r.summary for _, r in results])
+    fit = results[0][1].run.get("would_fit")
+    if fit is not None:
+        typer.echo(f"would fit: {fit['command']}  ({fit['gpus']} GPUs: {fit['verdict_status'].replace('_', ' ')})")
+    elif "would_fit" in results[0][1].run:
+        typer.echo(f"would fit: none of {', '.join(results[0][1].run['would_fit_tried'])} (try `poolsim sweep`)")
     typer.echo(f"time model: {results[0][1].run['step_time_model']}")
     if calibration is not None:
         from poolsim.kernels.calibrate import describe
@@ -492,14 +558,14 @@ def sweep(
 ) -> None:
     """Simulate a grid of configurations in parallel: throughput vs p99 latency, cost, the cheapest that fits."""
     from poolsim.app.output import check_out_dir, publish_dir
+    from poolsim.app.run import check_run_options
     from poolsim.app.sweep import apply_slo, base_config, parse_gpu_cost, parse_grid, run_sweep, write_sweep
     from poolsim.traces import DEFAULT_TRACE
 
     try:
         if out is not None:
             check_out_dir(out)  # before the (long) sweep
-        if slo_on not in ("e2e", "ttft"):
-            raise ValueError(f"--slo-on {slo_on!r}: expected e2e or ttft")
+        check_run_options(slo_on=slo_on, slo_p99_s=slo_p99_s)
         axes = parse_grid(grid)
         costs = parse_gpu_cost(gpu_cost)
         base = base_config(server, axes)
@@ -680,7 +746,7 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print one JSON list
         typer.echo(f"{key:<10} {g.name:<16} {g.total_bytes / 2**30:>7.1f} GiB {g.hbm_bandwidth / 1e12:>5.2f} TB/s "
                    f"{g.bf16_flops / 1e12:>8,.0f} TF {fp8:>11}  {g.arch}")
 
-trace_app = typer.Typer(add_completion=False, no_args_is_help=True,
+trace_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Request traces: inspect, convert, generate, slice and scale.")
 app.add_typer(trace_app, name="trace")
 
@@ -728,13 +794,21 @@ def _poolsim_trace(path: Path) -> bool:
         return False
 
 
-def _wrote(trace, out: Path, as_json: bool, force: bool) -> None:
+def _wrote(trace, out: Path, as_json: bool, force: bool, empty: str = "the result holds no request") -> None:
+    """Write ``trace`` to ``out`` atomically; a trace with no request is an error (``empty`` says why) and leaves
+    ``out`` as it was: `run` would refuse it, and a poolsim-format file would then need --force to replace."""
     from poolsim.app.output import write_file
     from poolsim.traces import write_trace
 
     _check_out(out, force, trace.source_path)
     written = []
-    write_file(out, lambda tmp: written.append(write_trace(trace, tmp)), force, _poolsim_trace)
+
+    def write(tmp):
+        written.append(write_trace(trace, tmp))
+        if not written[0]:
+            raise ValueError(f"{empty}; nothing written to {out}")
+
+    write_file(out, write, force, _poolsim_trace)
     n = written[0]
     info = {"path": str(out), "requests": n, "skipped_lines": trace.skipped_lines}
     if as_json:
@@ -805,8 +879,11 @@ def trace_slice(file: Path = FILE_ARG, out: Path = OUT_ARG, start: float = typer
     from poolsim.traces import slice_trace
 
     with _one_line_errors():
+        if not (math.isfinite(start) and 0 <= start < end) or math.isnan(end):
+            raise ValueError(f"--start {start:g} --end {end:g}: need 0 <= --start < --end (seconds)")
         _check_out(out, force, file)
-        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json, force)
+        _wrote(slice_trace(_load(file, fmt, skip_bad_lines), start, end, rebase), out, as_json, force,
+               f"{file} has no request arriving in [{start:g} s, {end:g} s)")
 
 
 @trace_app.command("scale")
@@ -857,6 +934,15 @@ def trace_generate(
         presets = {"chat": chat_spec, "agent": agent_spec}
         if preset not in presets:
             raise ValueError(f"unknown preset {preset!r}: chat or agent")
+        for flag, value in (("--sessions", sessions), ("--system-prompt-fanout", system_prompt_fanout),
+                            ("--max-new-tokens", max_new_tokens), ("--max-prompt-len", max_prompt_len)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} {value}: must be >= 1")
+        for flag, value in (("--cv", cv), ("--think-time", think_time)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{flag} {value}: must be a finite number >= 0")
+        if system_prompt_len is not None and system_prompt_len < 0:
+            raise ValueError(f"--system-prompt-len {system_prompt_len}: must be >= 0")
         given = dict(num_sessions=sessions, cv=cv, think_time_s=think_time, system_prompt_len=system_prompt_len,
                      system_prompt_fanout=system_prompt_fanout, max_new_tokens=max_new_tokens,
                      max_prompt_len=max_prompt_len, ignore_eos=ignore_eos or None,
@@ -955,6 +1041,8 @@ def bench(
 
     try:
         check_step_time(step_time, calibration)
+        if tokenizer_vocab_size is not None and tokenizer_vocab_size < 1:
+            raise ValueError(f"--tokenizer-vocab-size {tokenizer_vocab_size}: must be >= 1")
         rates = _bench_list("--request-rate", request_rate, float)
         limits = _bench_list("--max-concurrency", max_concurrency, int) if max_concurrency else [None]
         configs = bench_configs(rates, limits, dataset_name=dataset_name, num_prompts=num_prompts,
@@ -964,9 +1052,15 @@ def bench(
                                 sharegpt_output_len=sharegpt_output_len, sharegpt_context_len=sharegpt_context_len,
                                 burstiness=burstiness, range_style=range_style, sharegpt_standin=standin)
         model, gpu, args, overhead = load_server(server)
-        sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
-                               calibration=str(calibration) if calibration else None,
-                               runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size)
+        total = sum(c.num_prompts + c.warmup_requests for c in configs)
+        if not as_json and total >= 10_000:  # drawing a million prompts takes a while too: say so first
+            typer.echo(f"drawing {total:,} prompts ({', '.join(sorted({c.dataset_name for c in configs}))}) ...",
+                       err=True)
+        with RunProgress(total, f"bench {model.name}", show=not as_json) as progress:
+            sim_result, results = run_bench(configs, model, gpu, args, step_time=step_time, router=router,
+                                            calibration=str(calibration) if calibration else None,
+                                            runtime_overhead_gib=overhead, vocab_size=tokenizer_vocab_size,
+                                            progress=progress)
     except (ValueError, OSError) as e:
         _fail(e)
     except (RuntimeError, PoolError) as e:
@@ -975,6 +1069,8 @@ def bench(
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=float))
         return
     typer.echo("\n\n".join(format_result(m) for m in results))
+    if sim_result.summary.get("speculative_algorithm"):
+        typer.echo(f"speculative decoding: {_speculative_row(sim_result.summary)}")
     typer.echo(f"time model: {sim_result.run['step_time_model']}")
 
 
@@ -1042,6 +1138,10 @@ REPEAT_OPT = typer.Option(1, "--repeat", help="Replay N times; runs 2.. are comp
                                                 "median step time, fitted coefficients; they agree within 3 %).")
 TRITON_OPT = typer.Option(3, "--triton-steps", help="Run the first N measured steps through the Triton kernels "
                                                     "(TRITON_INTERPRET=1 on a CPU).")
+MEASURED_OPT = typer.Option([], "--measured", metavar="FILE", help="A real SGLang server's telemetry (repeatable): "
+                            "forward-pass metrics JSONL (`poolsim record`), server logs, bench_serving results.")
+DECODE_LOG_INTERVAL_OPT = typer.Option(40, "--decode-log-interval", help="The server's --decode-log-interval "
+                                                                         "(server logs).")
 
 
 @app.command()
@@ -1056,8 +1156,15 @@ def calibrate(
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Path = typer.Option(..., "--out", help="Folder for calibration.json, steps.csv, report.md, calibration.png."),
     repeat: int = REPEAT_OPT,
+    measured: list[Path] = MEASURED_OPT,
+    decode_log_interval: int = DECODE_LOG_INTERVAL_OPT,
 ) -> None:
-    """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json."""
+    """Replay a trace through the pools and kernels on a device, fit the step-time model, write calibration.json.
+    With --measured: fit it from a real SGLang server's telemetry instead (no device)."""
+    if measured:
+        if trace is not None:
+            _fail(ValueError("--measured fits a server's telemetry; a trace is for the device replay: give one"))
+        return _calibrate_measured(server, measured, decode_log_interval, out)
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out, None, True,
                   repeat)
     f = rec["fit"]
@@ -1081,14 +1188,28 @@ def calibrate(
 def validate(
     server: dict,
     trace: Optional[Path] = typer.Argument(None, help="Trace file; default: the bundled trace."),
-    calibration: Path = typer.Option(..., "--calibration", help="calibration.json from `poolsim calibrate`."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration.json from `poolsim "
+                                               "calibrate` (with --measured, optional: default the shipped one)."),
     fmt: Optional[str] = FORMAT_OPT,
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here."),
+    measured: list[Path] = MEASURED_OPT,
+    decode_log_interval: int = DECODE_LOG_INTERVAL_OPT,
+    as_json: bool = typer.Option(False, "--json", help="With --measured: print one JSON object."),
+    bench_seed: Optional[int] = typer.Option(None, "--bench-seed", help="With --measured bench_serving results: "
+                                             "their --seed (not in the result; default 42, bench_serving's)."),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="With --measured bench_serving "
+                                                "results: the ShareGPT JSON of random / sharegpt runs."),
 ) -> None:
-    """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit."""
+    """Replay a trace on a device and print predicted (from --calibration) vs measured step times; no refit.
+    With --measured: poolsim against a real SGLang server's telemetry (per step, and per bench_serving run)."""
+    if measured:
+        return _validate_measured(server, measured, decode_log_interval, calibration, as_json, bench_seed,
+                                  dataset_path)
+    if calibration is None:
+        _fail(ValueError("--calibration is required (the file to validate), or --measured FILE"))
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
                   calibration, False)
     f = rec["fit"]
@@ -1098,6 +1219,72 @@ def validate(
     e2e = f["end_to_end"]
     typer.echo(f"end to end: predicted {e2e['predicted_s']:.4g} s, measured {e2e['measured_s']:.4g} s, "
                f"error {e2e['error']:+.2%}; MAPE {f['mape']:.2%} over {f['n']} steps")
+
+
+# ---------------------------------------------------------------- a real server's telemetry
+
+
+def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: int, out: Path) -> None:
+    from poolsim.app.server import load_server
+    from poolsim.telemetry import TelemetryError, load_measured
+    from poolsim.telemetry.fit import calibrate_measured
+    from poolsim.telemetry.summary import calibrate_lines
+
+    try:
+        steps, runs = load_measured(paths, decode_log_interval)
+        if not steps:
+            raise ValueError("--measured: no forward-pass metrics or server log among the files (bench_serving "
+                             "results are per run: `poolsim validate --measured` compares them)")
+        model, gpu, args, overhead = load_server(server)
+        rec = calibrate_measured(steps, model, gpu, args, runtime_overhead_gib=overhead, out=out, log=typer.echo)
+    except (TelemetryError, ValueError, OSError) as e:
+        _fail(e)
+    typer.echo("\n".join(calibrate_lines(rec, out)))
+
+
+def _validate_measured(server, paths, decode_log_interval, calibration, as_json, bench_seed, dataset_path) -> None:
+    from poolsim.app.server import load_server
+    from poolsim.pools.errors import PoolError
+    from poolsim.telemetry import TelemetryError, load_measured
+    from poolsim.telemetry.summary import validate_lines
+    from poolsim.telemetry.validate import validate_runs, validate_steps
+
+    try:
+        steps, runs = load_measured(paths, decode_log_interval)
+        model, gpu, args, overhead = load_server(server)
+        result = validate_steps(steps, model, gpu, args, calibration=calibration,
+                                runtime_overhead_gib=overhead) if steps else {}
+        if runs:
+            result["runs"] = validate_runs(runs, model, gpu, args, calibration=calibration,
+                                           runtime_overhead_gib=overhead, seed=bench_seed, dataset_path=dataset_path)
+    except (TelemetryError, ValueError, OSError) as e:
+        _fail(e)
+    except (RuntimeError, PoolError) as e:
+        _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+        return
+    typer.echo("\n".join(validate_lines(result)))
+
+
+@app.command()
+def record(
+    fpm: list[str] = typer.Option(..., "--fpm", metavar="ENDPOINT", help="The server's forward-pass metrics "
+                                  "endpoint, BASE.RANK (repeatable: one per dp rank), e.g. ipc:///tmp/fpm.0."),
+    out: Path = typer.Option(..., "--out", help="JSONL file to write (must not exist)."),
+    max_messages: Optional[int] = typer.Option(None, "--max-messages", help="Stop after N messages."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds."),
+) -> None:
+    """Subscribe to a running SGLang server's forward-pass metrics (--enable-forward-pass-metrics) and write them as
+    JSONL, one ForwardPassMetrics per line with a receive timestamp (pip install 'poolsim[telemetry]')."""
+    from poolsim.telemetry.record import record as run_record
+    from poolsim.telemetry.summary import record_line
+
+    try:
+        summary = run_record(fpm, out, max_messages=max_messages, duration_s=duration)
+    except (ValueError, OSError) as e:
+        _fail(e)
+    typer.echo(record_line(summary))
 
 
 if __name__ == "__main__":

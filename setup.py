@@ -38,7 +38,7 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = "poolsim"
 ROOT_MODULES = ("__init__", "cli", "compiled")  # the package's own modules at the root (not setup.py)
-SUBPACKAGES = ("pools", "sim", "traces", "reports", "kernels", "app")  # the folders that make up the package
+SUBPACKAGES = ("pools", "sim", "traces", "reports", "kernels", "app", "telemetry")  # the folders that make up the package
 
 # The modules a py-spy profile of the Mooncake run spends its time in (pools/backend/__init__.py stays Python: its
 # torch backend keeps a module in an attribute, which mypyc drops). The manifest the build writes is the run time's

@@ -86,24 +86,40 @@ def bench_trace(configs: list[BenchConfig], vocab_size: int | None = None):
 
 def run_bench(configs: list[BenchConfig], model, gpu, args, *, step_time: str = "analytic",
               calibration: str | None = None, runtime_overhead_gib: float | None = None, router: str = "round_robin",
-              vocab_size: int | None = None):
+              vocab_size: int | None = None, progress=None):
     """Simulate the runs back to back on one server; (RunResult, [metrics dict per run]). ``vocab_size``: the
     tokenizer's, for random-ids (default: the model config's, which can exceed the tokenizer's base vocabulary,
-    e.g. Llama 3: 128256 vs 128000; the ids differ, their chance of sharing a prefix hardly)."""
+    e.g. Llama 3: 128256 vs 128000; the ids differ, their chance of sharing a prefix hardly). ``progress(done,
+    t)``: simulate's."""
     from poolsim.app.run import simulate
 
     items, runs = bench_trace(configs, vocab_size or getattr(model, "vocab_size", None))
     result = simulate(items, model, gpu, args, step_time=step_time, calibration=calibration,
                       runtime_overhead_gib=runtime_overhead_gib, router=router,
-                      max_concurrency=configs[0].max_concurrency, token_times=True,
+                      max_concurrency=configs[0].max_concurrency, token_times=True, progress=progress,
+                      seed=configs[0].seed,
                       trace_info={"name": "bench_serving", "requests": sum(len(r) for r, _ in runs)})
     starts = result.run["phase_starts_s"]
     metrics = []
     for cfg, (rids, barrier) in zip(configs, runs):
         reqs = result.requests[result.requests["rid"].isin(rids)]
         m = calculate_metrics(reqs, result.token_times, starts[barrier])
+        if result.spec_samplers is not None:
+            m.update(_speculative_metrics(result, max(rids)))
         metrics.append({**_arguments(cfg), **m})
     return result, metrics
+
+
+def _speculative_metrics(result, last_rid: int) -> dict:
+    """bench_serving's ``accept_length`` (the server's average accept length when the run ends,
+    sglang/benchmark/serving.py:1650-1662) and poolsim's own of the whole simulation (reports/METRICS.md)."""
+    from poolsim.sim.speculative import accept_length_through
+
+    s = result.summary
+    return {"accept_length": accept_length_through(result.spec_samplers, last_rid),
+            "spec_accept_length_expected": s["speculative_accept_length_expected"],
+            "spec_tokens_per_step": s["speculative_tokens_per_step"],
+            "spec_draft_overhead": s["speculative_draft_overhead"]}
 
 
 def _arguments(cfg: BenchConfig) -> dict:
@@ -135,8 +151,7 @@ def calculate_metrics(requests: pd.DataFrame, token_times: dict, start_s: float)
         e2es.append(finish - send)
         if out > 1:
             tpots.append((finish - first) / (out - 1))
-        times = token_times.get(rid, [])
-        itls += np.diff(times).tolist()
+        itls += _itls(token_times.get(rid, []))
     end = float(requests["finish_s"].max()) if len(requests) else start_s
     dur = end - start_s
     completed, total_input, total_output = len(ok), int(ok["input_len"].sum()), int(ok["output_len"].sum())
@@ -153,6 +168,26 @@ def calculate_metrics(requests: pd.DataFrame, token_times: dict, start_s: float)
     m["concurrency"] = float(np.sum(e2es)) / dur
     m["max_output_tokens_per_s"], m["max_concurrent_requests"] = peak_tok_s, peak_conc
     return m
+
+
+def _itls(times: list[float]) -> list[float]:
+    """bench_serving's inter-token latencies of one streamed request (sglang/benchmark/serving.py:780-797): after
+    the first chunk, each chunk's gap is spread over the tokens it carries (a speculative step streams its accepted
+    run as one chunk); one token per chunk makes them the gaps between tokens."""
+    out: list[float] = []
+    i = 1
+    while i < len(times) and times[i] == times[0]:  # the first chunk's other tokens
+        i += 1
+    prev = times[0] if times else 0.0
+    while i < len(times):
+        j = i
+        while j < len(times) and times[j] == times[i]:
+            j += 1
+        gap = (times[i] - prev) / (j - i)
+        out += [gap] * (j - i)
+        prev = times[i]
+        i = j
+    return out
 
 
 def _peaks(ok: pd.DataFrame, token_times: dict) -> tuple[float, int]:
@@ -185,6 +220,8 @@ def format_result(m: dict) -> str:
             ("Peak concurrent requests:", m["max_concurrent_requests"]),
             ("Total token throughput (tok/s):", f"{m['total_throughput']:.2f}"),
             ("Concurrency:", f"{m['concurrency']:.2f}")]
+    if m.get("accept_length"):  # bench_serving prints it when the server reports one
+        rows.append(("Accept length:", f"{m['accept_length']:.2f}"))
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
     lines += ["{:<40} {:<10}".format(k, str(v)) for k, v in rows]
     sections = [("End-to-End Latency", "e2e_latency", "E2E Latency"), ("Time to First Token", "ttft", "TTFT"),

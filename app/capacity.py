@@ -65,7 +65,7 @@ def find_capacity(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, slo
                   **run_opts) -> Capacity:
     """``trace``: a loaded trace (iterable more than once); ``run_opts``: simulate()'s other options."""
     if not (isinstance(slo_p99_s, (int, float)) and math.isfinite(slo_p99_s) and slo_p99_s > 0):
-        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+        raise ValueError(f"--slo-p99-s {slo_p99_s:g}: expected a positive number of seconds")
     result = Capacity(slo_p99_s, slo_on, None, (None, None))
     seen: dict[float, LoadPoint] = {}
     if "plan" not in run_opts:  # one server, many loads: sized once

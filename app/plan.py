@@ -27,7 +27,7 @@ def compare_plans(model: ModelConfig, gpu: GPUSpec, args: ServerArgs, plan: Memo
         raise ValueError(f"--compare: {model.name} has no linear-attention or SWA-pool layers; "
                          "name a second model with --against")
     if against is not None:
-        other = ModelConfig.load(against)
+        other = ModelConfig.load(against, "--against")
         other_args = second_model_args(args, against_tp)
         try:
             plans[f"{other.name} (tp {other_args.tp_size})"] = plan_memory(other, gpu, other_args,

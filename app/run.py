@@ -27,6 +27,7 @@ from poolsim.sim.engine import Simulation
 from poolsim.sim.metrics import CHUNK_ROWS, HOST_STEP_COLUMNS, Recorder
 from poolsim.sim.scheduler import SchedulerConfig
 from poolsim.sim.server import HiCacheConfig, MambaConfig, SWAConfig, build_server
+from poolsim.sim.speculative import Acceptance, SpecDecodeConfig, spec_summary
 from poolsim.sim.step_time import (
     HOST_LINK_EFFICIENCY,
     MEASURED_ERROR,
@@ -35,6 +36,7 @@ from poolsim.sim.step_time import (
     FixedStepTime,
     HiCacheStepTime,
     ModelCost,
+    SpecCost,
     calibration_source,
     prior_only_note,
 )
@@ -72,6 +74,7 @@ class RunResult:
     run: dict
     plan: MemoryPlan
     token_times: dict | None = None  # rid -> output token times (simulate(token_times=True))
+    spec_samplers: list | None = None  # speculative decoding: each server's acceptance counters
 
 
 def max_new_tokens_policy(policy: str) -> Callable:
@@ -97,17 +100,41 @@ def max_new_tokens_policy(policy: str) -> Callable:
     raise ValueError(f"--max-new-tokens-policy {policy!r}: expected trace, ignore_eos or fixed:N")
 
 
-def scheduler_config(plan: MemoryPlan, args: ServerArgs) -> SchedulerConfig:
+def spec_decode_config(plan: MemoryPlan, seed: int = 0) -> SpecDecodeConfig | None:
+    """The scheduler's speculative decoding from the plan, with the acceptance the flags give (run and bench need
+    one: acceptance is the data's)."""
+    sp = plan.speculative
+    if sp is None:
+        return None
+    k = sp.num_steps + 1
+    if sp.accept_length is not None:
+        acceptance = Acceptance.from_mean(sp.accept_length, k)
+    elif sp.accept_file is not None:
+        acceptance = Acceptance.from_file(sp.accept_file, k)
+    else:
+        raise ValueError(f"--speculative-algorithm {sp.requested}: give --speculative-accept-length MEAN (tokens per "
+                         f"verify step, bonus included, 1 to {k}) or --speculative-accept-file: how many drafts the "
+                         "data accepts is not the server's to say")
+    return SpecDecodeConfig(num_steps=sp.num_steps, eagle_topk=sp.eagle_topk, num_draft_tokens=sp.num_draft_tokens,
+                            alloc_len_per_decode=sp.alloc_len_per_decode, acceptance=acceptance, seed=seed)
+
+
+def scheduler_config(plan: MemoryPlan, args: ServerArgs, seed: int = 0) -> SchedulerConfig:
     rows = plan.max_running_requests
-    if args.dp_size > 1 and args.max_running_requests:
-        rows = min(rows, max(1, args.max_running_requests // args.dp_size))
+    requested = args.max_running_requests or (plan.speculative.max_running_requests if plan.speculative else None)
+    if args.dp_size > 1 and requested:
+        rows = min(rows, max(1, requested // args.dp_size))
     overlap = not (args.disable_overlap_schedule or plan.overlap_forced_off)
+    spec = spec_decode_config(plan, seed)
+    width = plan.max_context_len
+    if spec is not None:  # a row holds the reservation past the context (SGLang writes past a narrower row at page 1)
+        width = max(width, plan.context_len + spec.reserve_per_decode + plan.page_size)
     return SchedulerConfig(
         page_size=plan.page_size,
         max_total_num_tokens=plan.max_total_num_tokens,
         max_running_requests=rows,
         context_len=plan.context_len,
-        max_context_len=plan.max_context_len,
+        max_context_len=width,
         max_prefill_tokens=plan.max_prefill_tokens,
         chunked_prefill_size=plan.chunked_prefill_size,
         schedule_policy=args.schedule_policy,
@@ -115,6 +142,7 @@ def scheduler_config(plan: MemoryPlan, args: ServerArgs) -> SchedulerConfig:
         enable_overlap=overlap,
         enable_mixed_chunk=args.enable_mixed_chunk,
         scheduler_recv_interval=args.scheduler_recv_interval,
+        speculative=spec,
     )
 
 
@@ -185,7 +213,7 @@ def check_run_options(router: str = "round_robin", max_concurrency: int | None =
     if slo_on not in SLO_METRICS:
         raise ValueError(f"--slo-on {slo_on!r}: expected one of {', '.join(SLO_METRICS)}")
     if slo_p99_s is not None and not (math.isfinite(slo_p99_s) and slo_p99_s > 0):
-        raise ValueError(f"--slo-p99-s {slo_p99_s}: expected a positive number of seconds")
+        raise ValueError(f"--slo-p99-s {slo_p99_s:g}: expected a positive number of seconds")
     check_router(router)
 
 
@@ -210,9 +238,19 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
     for a caller that has the whole table on disk. ``plan``: ``plan_memory(model, gpu, args, runtime_overhead_gib=
     runtime_overhead_gib)`` when the caller has it already (it is not planned again)."""
     check_run_options(router, max_concurrency, slo_on, slo_p99_s)
+    for flag, value, what in (("--attn-dp-size", args.attn_dp_size, "one scheduler per attention-DP group"),
+                              ("--ep-size", args.ep_size, "the expert all-to-all in the step time"),
+                              ("--pp-size", args.pp_size, "the pipeline's micro-batches and send/recv"),
+                              ("--nnodes", args.nnodes, "collectives over the inter-node link")):
+        if value > 1:  # sized by plan; the scheduler and the time model do not have them yet
+            raise ValueError(f"{flag} {value}: run does not yet simulate {what}; `poolsim plan` sizes this server")
     if plan is None:
         plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
-    config = scheduler_config(plan, args)
+    config = scheduler_config(plan, args, seed)
+    if config.speculative is not None and (plan.is_hybrid or plan.is_hybrid_swa):
+        raise ValueError(f"--model {model.name}: run simulates speculative decoding on single-pool models only (the "
+                         "verify buffers of mamba states and the SWA pool's eviction are sized by plan, not "
+                         "simulated)")
     mamba = mamba_config(plan, args, config.enable_overlap)
     device = None
     if replay is not None:
@@ -241,6 +279,10 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
             "context_len": config.max_context_len, "dp_size": args.dp_size,
             "retraction_events": [e for s in servers for e in s.retraction_events],
             "slo_p99_s": slo_p99_s, "slo_on": slo_on}
+    if config.speculative is not None:
+        stats = clock.spec_stats() if hasattr(clock, "spec_stats") else None
+        meta["speculative"] = spec_summary(plan.speculative.algorithm, plan.speculative.num_draft_tokens,
+                                           [s.spec_sampler for s in servers], config.speculative.acceptance, stats)
     if hicache is not None:
         meta["hicache"] = {"host_tokens": hicache.host_tokens, "size_per_token": hicache.size_per_token,
                            "write_policy": hicache.write_policy, "hicache_ratio": plan.hicache.hicache_ratio,
@@ -258,7 +300,8 @@ def simulate(trace, model: ModelConfig, gpu: GPUSpec, args: ServerArgs, *, trace
         "hybrid_compare": hybrid_compare(model, gpu, args, plan, runtime_overhead_gib),
         "max_concurrency": max_concurrency, "phase_starts_s": sim.barrier_times,
     }
-    return RunResult(steps, requests, summary, run, plan, sim.token_times)
+    return RunResult(steps, requests, summary, run, plan, sim.token_times,
+                     [s.spec_sampler for s in servers] if config.speculative is not None else None)
 
 
 def _replay_step(hook, clock):
@@ -290,4 +333,9 @@ def _step_time(spec: str, model, gpu, plan, calibration, args=None):
     cost = ModelCost.from_model(model, gpu, plan, args)
     source = calibration_source(calibration, cost.arch) if calibration else \
         f"fitted defaults; {MEASURED_ERROR}{prior_only_note(cost.arch)}"
-    return AnalyticStepTime(cost, coeffs, source=source)
+    spec = None
+    if plan.speculative is not None and args is not None:
+        from poolsim.pools.sizing.speculative import resolve_speculative
+
+        spec = SpecCost.from_plan(resolve_speculative(model, args).draft, gpu, plan, args)
+    return AnalyticStepTime(cost, coeffs, source=source, spec=spec)

@@ -11,6 +11,7 @@ Configurations run in a local process pool, or as Ray tasks (``ray=``; the ``ray
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import os
 import tempfile
@@ -39,6 +40,8 @@ def parse_grid(specs: list[str]) -> dict[str, list]:
             raise ValueError(f"--grid {spec!r}: expected NAME=V1,V2,...")
         if name not in types and name not in EXTRA_AXES:
             raise ValueError(f"--grid {spec!r}: {name} is not a server flag (see `poolsim run --help`)")
+        if name in grid:  # the last one would silently win
+            raise ValueError(f"--grid {spec!r}: {name} is given twice; list its values once (NAME=V1,V2,...)")
         grid[name] = [_convert(name, v.strip(), types.get(name)) for v in values.split(",") if v.strip()]
     return grid
 
@@ -60,8 +63,14 @@ def parse_gpu_cost(text: str) -> dict[str, float]:
     """``H100=2.5,H200=3.5`` -> $/GPU-hour by GPU name."""
     costs = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
-        name, _, price = item.partition("=")
-        costs[name.strip()] = float(price)
+        name, sep, price = item.partition("=")
+        try:
+            value = float(price)
+        except ValueError:
+            value = math.nan
+        if not sep or not name.strip() or not math.isfinite(value) or value < 0:
+            raise ValueError(f"--gpu-cost {item!r}: expected GPU=PRICE with a price >= 0 ($ per GPU-hour)")
+        costs[name.strip()] = value
     return costs
 
 
@@ -150,6 +159,8 @@ def run_sweep(trace_path: str, base: dict, grid: dict[str, list], gpu_cost: dict
 
 
 def _run_local(jobs: list[tuple], workers: int | None, progress) -> list[dict]:
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers {workers}: must be >= 1")
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     rows: list[dict | None] = [None] * len(jobs)
     if workers == 1:

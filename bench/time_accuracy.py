@@ -80,7 +80,7 @@ SHORT = {"output_throughput": "tput", "mean_ttft_ms": "TTFT", "median_ttft_ms": 
 # what the fit minimises: throughput, TPOT and the MEDIAN TTFT, i.e. the requests the closed loop's steady state
 # describes. The mean TTFT of a published run is dominated by a few first-wave requests that waited seconds
 # (e.g. DeepSeek-R1 8K/1K C=64: mean 914 ms, median 225 ms, p99 6.3 s) for reasons no term here models (see
-# bench/README.md); fitting the mean made every steady-state request pay for them (c=1 TTFT +20-40 %). The mean
+# docs/time-model.md); fitting the mean made every steady-state request pay for them (c=1 TTFT +20-40 %). The mean
 # stays in the report as the issue's target.
 FIT_METRICS = ("output_throughput", "median_ttft_ms", "mean_tpot_ms")
 TARGET_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "median_ttft_ms")  # issue #12's three + median
@@ -545,7 +545,7 @@ def main() -> None:
                     f"{s[2]:+.0%} TPOT")
         print(f"\nMEASURED_ERROR = {measured!r}")
         if opts.write_defaults:
-            # the steady-state error; replace it by the full-simulation figure of --simulate (bench/README.md)
+            # the steady-state error; replace it by the full-simulation figure of --simulate (docs/time-model.md)
             write_defaults(k, fittable([c for c in train if c.fitted]), measured)
     elif opts.simulate:
         simulated = simulate_cases(cases, log=lambda line: print(line, flush=True))

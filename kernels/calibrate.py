@@ -79,8 +79,11 @@ def candidates(arch: str) -> tuple[list[str], dict[str, str]]:
 
 # ------------------------------------------------------------------------------------------------- fit
 def predict(cost, coefficients, shapes) -> np.ndarray:
+    """The model's time for each step: a replayed batch (StepShape), or a measured step given by the model's own
+    aggregates (``time_args``: poolsim.telemetry's MeasuredStep, from a real server's telemetry)."""
     model = step_time.AnalyticStepTime(cost, coefficients)
-    return np.array([model(s) for s in shapes], dtype=float)
+    return np.array([model.time_of(*s.time_args) if hasattr(s, "time_args") else model(s) for s in shapes],
+                    dtype=float)
 
 
 @dataclasses.dataclass

@@ -34,6 +34,7 @@ from poolsim.reports.tables import (
     summary_tables,
     verdict_facts,
     verdict_state,
+    would_fit_fact,
 )
 from poolsim.sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
@@ -74,6 +75,8 @@ def load_run(run_dir: str | Path) -> Run:
                 json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ReportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+            except UnicodeDecodeError:
+                raise ReportError(f"{path}: not a text file (binary content where JSON belongs)") from None
     tables = {t: table_path(d, t) for t in ("steps", "requests")}
     for path in tables.values():
         if path.exists() and path.stat().st_size == 0:
@@ -249,7 +252,8 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Pat
                [(n.split(".", 1)[1], _csv_value(v), u) for n, v, u in summary_rows(r.summary)])
     page = _env().get_template("report.html.j2").render(
         title=_title(r.run, r.label), run_label=r.label, state=verdict_state(r.summary),
-        verdict=r.summary["verdict"], facts=verdict_facts(r.summary), config=configuration(r.run),
+        verdict=r.summary["verdict"], facts=verdict_facts(r.summary) + would_fit_fact(r.run),
+        config=configuration(r.run),
         figures=figures, tables=summary_tables(r.summary), definitions=definitions_for_page(),
         files=[{"name": f.name, "href": Path(os.path.relpath(f, out)).as_posix()}
                for f in run_files(r.dir) if f.exists()])

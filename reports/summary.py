@@ -59,10 +59,18 @@ def _queue_waits(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
     return admitted - requests["arrival_s"]
 
 
+SPECULATIVE_KEYS = ("speculative_algorithm", "speculative_accept_length_source", "speculative_accept_length_expected",
+                    "speculative_accept_length", "speculative_accept_rate", "speculative_tokens_per_step",
+                    "speculative_verify_steps", "speculative_decode_steps", "speculative_accepted_tokens",
+                    "speculative_accepted_drafts_histogram", "speculative_draft_overhead", "speculative_draft_s",
+                    "speculative_verify_s")
+
+
 def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     """``meta``: per-replica capacities: ``max_total_num_tokens``, ``max_running_requests``,
     ``max_mamba_cache_size`` (0 if none), ``page_size``, ``context_len``, ``dp_size``; optionally
-    ``retraction_events`` and the SLO (``slo_p99_s``, ``slo_on``: e2e or ttft)."""
+    ``retraction_events``, the SLO (``slo_p99_s``, ``slo_on``: e2e or ttft) and ``speculative`` (the
+    ``speculative_*`` keys, sim/speculative.py spec_summary)."""
     cap_kv = meta["max_total_num_tokens"]
     cap_rows = meta["max_running_requests"]
     cap_mamba = meta.get("max_mamba_cache_size") or 0
@@ -158,6 +166,8 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
     summary["slo_on"] = slo_on if meta.get("slo_p99_s") is not None else None
     summary["slo_observed_p99_s"] = summary[f"{slo_on}_s"]["p99"] if meta.get("slo_p99_s") is not None else None
     summary["first_retraction"] = _first_retraction(events[0]) if events else None
+    spec = meta.get("speculative") or {}  # sim/speculative.py spec_summary; None each when speculation is off
+    summary.update({key: spec.get(key) for key in SPECULATIVE_KEYS})
     _require_finite(summary)
     summary["verdict_status"], summary["verdict_failures"] = judge(summary)
     summary["verdict"] = verdict(summary)
@@ -294,8 +304,8 @@ def verdict(summary: dict) -> str:
         wait = summary["queue_wait_s"]["p50"]
         reasons.append(
             f"it cannot keep up: the median request waited {_secs(wait)} for admission "
-            f"({summary['queue_wait_share_p50']:.0%} of its latency) and {summary['backlog_at_last_arrival']:,} of "
-            f"{summary['requests']:,} requests ({summary['backlog_frac_at_last_arrival']:.0%}) were unfinished at the "
+            f"({_pct(summary['queue_wait_share_p50'])} of its latency) and {summary['backlog_at_last_arrival']:,} of "
+            f"{summary['requests']:,} requests ({_pct(summary['backlog_frac_at_last_arrival'])}) were unfinished at the "
             f"last arrival; served {summary['throughput_req_s']:.2f} req/s against {summary['arrival_rate_req_s']:.2f} "
             f"req/s arriving")
     if "slo_missed" in failures:
@@ -312,6 +322,13 @@ def verdict(summary: dict) -> str:
     return head + ". " + _pool_story(summary)
 
 
+def _pct(frac: float) -> str:
+    """As the report and the console print a percentage (reports/units.py): 9.9%, <0.1%, never a rounded 0 or 100."""
+    from poolsim.reports import units
+
+    return units.percent(frac)
+
+
 def _pool_story(summary: dict) -> str:
     parts = []
     first = summary.get("first_retraction")
@@ -322,7 +339,7 @@ def _pool_story(summary: dict) -> str:
         parts.append(
             f"Retracted {_n(summary['retracted_requests'], 'request')} ({_n(summary['retractions'], 'retraction')}) "
             f"because the next decode step needed more {kind} than was free: first at t={first['time_s']:.1f} s, "
-            f"when {_n(first['running'], 'running request')} held {first['kv_tokens_held'] / cap:.0%} of "
+            f"when {_n(first['running'], 'running request')} held {_pct(first['kv_tokens_held'] / cap)} of "
             f"{_tokens(cap)} {kind} tokens.")
     if summary.get("evicted_tokens"):
         parts.append(_eviction_story(summary))
@@ -339,9 +356,9 @@ def _pool_story(summary: dict) -> str:
         pool = summary["pools"][binding]
         peak = pool["peak_used_frac"]
         when = pool.get("first_exhausted_s")
-        parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {peak:.0%}."
+        parts.append(f"{name[0].upper() + name[1:]} bind first: ran out at t={when:.1f} s, peak {_pct(peak)}."
                      if when is not None else
-                     f"No pool ran out; the fullest: {name}, peak {peak:.0%} ({1 - peak:.0%} headroom).")
+                     f"No pool ran out; the fullest: {name}, peak {_pct(peak)} ({_pct(1 - peak)} headroom).")
     return " ".join(parts)
 
 

@@ -108,6 +108,19 @@ def _deciding_fact(summary: dict) -> Markup | None:
     return fact + Markup(".")
 
 
+def would_fit_fact(run: dict) -> list[Markup]:
+    """DOES NOT FIT: what would (run.json ``would_fit``, app/suggest.py), as the command to run."""
+    if "would_fit" not in run:
+        return []
+    fit = run["would_fit"]
+    link = metric_link("run.would_fit", "What would fit")
+    if not isinstance(fit, dict):
+        tried = ", ".join(run.get("would_fit_tried") or [])
+        return [Markup("{}: none of {} (a sweep searches further).").format(link, tried)]
+    return [Markup("{}: <code>{}</code> ({} GPUs: {}).").format(link, fit.get("command", ""), fit.get("gpus"),
+                                                               str(fit.get("verdict_status", "")).replace("_", " "))]
+
+
 def verdict_facts(summary: dict) -> list[Markup]:
     pools = summary["pools"]
     facts = []
@@ -192,7 +205,7 @@ def configuration(run: dict) -> dict:
     # a plan field that does not apply to the model (no SWA pool, no mamba state) is None: not shown
     plan_rows = [_config_row(f"memory_plan.{k}", k, v) for k, v in plan.items() if v is not None and v != []]
     known = {"model", "gpu", "poolsim_version", "seed", "step_time_model", "trace", "server_args", "memory_plan",
-             "hybrid_compare"}
+             "hybrid_compare", "would_fit", "would_fit_tried"}
     other = [_config_row(k, k, v) for k, v in run.items() if k not in known]
     return {"general": general, "flags": flag_rows, "plan": plan_rows, "other": other}
 

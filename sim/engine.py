@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import simpy
 
-from poolsim.sim.metrics import Recorder
+from poolsim.sim.metrics import Recorder, StepRow
 from poolsim.sim.req import Req
 from poolsim.sim.scheduler import Scheduler
 
@@ -244,10 +244,10 @@ class Simulation:
                 yield state.wakeup | self.arrivals_done
 
     def _stamp_tokens(self, batch, end: float) -> None:
-        """A request got a token in this step if its output grew (at most one token per step)."""
+        """A request's tokens of this step land at its end: one, or a speculative verify step's accepted run."""
         for req in batch.reqs:
             times = self.token_times.setdefault(req.rid, [])  # type: ignore[union-attr]  # only called when on
-            if len(times) < req.num_output:
+            while len(times) < req.num_output:
                 times.append(end)
 
     def _abort_stuck(self, sched: Scheduler) -> None:
@@ -255,7 +255,7 @@ class Simulation:
             sched.abort(req, "never_schedulable")  # can never be scheduled
         sched.waiting_queue.clear()
 
-    def _record(self, state: ReplicaState, launched: Launch, scheduled: tuple) -> None:
+    def _record(self, state: ReplicaState, launched: Launch, scheduled: tuple[int, int, int]) -> None:
         """Written after the landed result was processed: this step's own on the plain loop, the previous
         step's under overlap (reports/METRICS.md); ``scheduled``: waiting, running, available before that."""
         sched = state.scheduler
@@ -269,18 +269,25 @@ class Simulation:
         state.mamba_evicted_seen = tree.num_mamba_evicted_tokens
         decode_tokens = len(batch.decoding_reqs or ()) if batch.forward_mode != "decode" else batch.batch_size()
         running = pool.size - pool.available_size()  # requests holding a row: decoding, chunked, finishing
-        row = (
-            step, sched.replica, start, end - start, batch.forward_mode, batch.batch_size(), running,
-            len(sched.waiting_queue), sum(batch.extend_lens), sum(batch.cached_lens), decode_tokens,
-            self._free_kv(sched), tree.evictable_size(), tree.protected_size(), pool.available_size(),
-            mamba.available_size() if mamba is not None else 0, tree.mamba_evictable_size(), *self._swa_sizes(sched),
-            sched.step_retracted, len(sched.step_aborted), evicted, sched.new_token_ratio.current,
-            self._partial_page_tokens(sched), self._row_tokens(sched),
-            *scheduled, mamba_evicted,
+        waiting_scheduled, running_scheduled, available_size_scheduled = scheduled
+        swa_available_size, swa_evictable_size, swa_protected_size = self._swa_sizes(sched)
+        row = StepRow(
+            step=step, replica=sched.replica, time_s=start, duration_s=end - start, kind=batch.forward_mode,
+            batch_size=batch.batch_size(), running=running, waiting=len(sched.waiting_queue),
+            prefill_tokens=sum(batch.extend_lens), cached_prefill_tokens=sum(batch.cached_lens),
+            decode_tokens=decode_tokens, available_size=self._free_kv(sched), evictable_size=tree.evictable_size(),
+            protected_size=tree.protected_size(), free_req_rows=pool.available_size(),
+            mamba_free_slots=mamba.available_size() if mamba is not None else 0,
+            mamba_evictable_states=tree.mamba_evictable_size(), swa_available_size=swa_available_size,
+            swa_evictable_size=swa_evictable_size, swa_protected_size=swa_protected_size,
+            retracted=sched.step_retracted, aborted=len(sched.step_aborted), evicted_tokens=evicted,
+            new_token_ratio=sched.new_token_ratio.current, partial_page_tokens=self._partial_page_tokens(sched),
+            row_tokens=self._row_tokens(sched), waiting_scheduled=waiting_scheduled,
+            running_scheduled=running_scheduled, available_size_scheduled=available_size_scheduled,
+            mamba_evicted_tokens=mamba_evicted,
         )
-        if sched.hicache is not None:
-            row += self._host_row(state, sched.hicache)
-        self.recorder.on_step(row)
+        # with HiCache the host tier's columns follow (sim.metrics.HOST_STEP_COLUMNS)
+        self.recorder.on_step(row if sched.hicache is None else (*row, *self._host_row(state, sched.hicache)))
         sched.step_retracted = 0
         sched.step_aborted = []
         if self.progress is not None:

@@ -1,24 +1,55 @@
 """The recorder: rows buffered briefly as tuples on the hot path, kept as columnar numpy chunks, optionally
 streamed to disk chunk by chunk during the run, pandas frames once at the end (definitions in
-reports/METRICS.md). The column lists below drive everything: a new column is one more name (at the end)
-and one more value in the row the engine records."""
+reports/METRICS.md). The step table's columns are ``StepRow``'s fields and the request table's
+``REQUEST_COLUMNS``: a new step column is one more field (at the end) and one more keyword where the engine builds
+the row."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-STEP_COLUMNS = (
-    "step", "replica", "time_s", "duration_s", "kind", "batch_size", "running", "waiting",
-    "prefill_tokens", "cached_prefill_tokens", "decode_tokens", "available_size", "evictable_size",
-    "protected_size", "free_req_rows", "mamba_free_slots", "mamba_evictable_states", "swa_available_size",
-    "swa_evictable_size", "swa_protected_size", "retracted", "aborted",
-    "evicted_tokens", "new_token_ratio", "partial_page_tokens", "row_tokens",
-    "waiting_scheduled", "running_scheduled", "available_size_scheduled", "mamba_evicted_tokens",
-)
+
+class StepRow(NamedTuple):
+    """One forward step: a row of the step table, whose columns are these fields in this order
+    (reports/METRICS.md defines each). A tuple, so ``Table`` stores it as any other row."""
+
+    step: int
+    replica: int
+    time_s: float
+    duration_s: float
+    kind: str  # forward mode: extend | decode | mixed
+    batch_size: int
+    running: int
+    waiting: int
+    prefill_tokens: int
+    cached_prefill_tokens: int
+    decode_tokens: int
+    available_size: int
+    evictable_size: int
+    protected_size: int
+    free_req_rows: int
+    mamba_free_slots: int
+    mamba_evictable_states: int
+    swa_available_size: int
+    swa_evictable_size: int
+    swa_protected_size: int
+    retracted: int
+    aborted: int
+    evicted_tokens: int
+    new_token_ratio: float
+    partial_page_tokens: int
+    row_tokens: int
+    waiting_scheduled: int
+    running_scheduled: int
+    available_size_scheduled: int
+    mamba_evicted_tokens: int
+
+
+STEP_COLUMNS = StepRow._fields
 
 # With --enable-hierarchical-cache the step table also has these, after STEP_COLUMNS (reports/METRICS.md):
 # host slots the tree holds, host leaves (host-only nodes host eviction may take), and since the previous row:
@@ -185,7 +216,7 @@ class Recorder:
         # called with each finished or aborted request (the engine's client releases it)
         self.on_done: Callable | None = None
 
-    def on_step(self, row: tuple) -> None:
+    def on_step(self, row: tuple) -> None:  # a StepRow, then HOST_STEP_COLUMNS with HiCache
         self.steps.append(row)
 
     def on_finish(self, req) -> None:

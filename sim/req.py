@@ -140,6 +140,27 @@ class Req:
         elif n >= self.target_output_len and not self.ignore_eos:
             self.finished_reason = "stop"
 
+    def append_outputs(self, n: int) -> None:
+        """A verify step's accepted run of ``n`` tokens (speculative decoding), with ``update_finish_state``'s
+        cut (managers/schedule_batch.py:1995-2047): the output stops at the EOS inside the run, else at
+        max_new_tokens; a stop past max_new_tokens is a length finish there. One token is ``append_output``."""
+        if n <= 1:
+            self.append_output()
+            return
+        total = self.num_output + n
+        if self.to_finish is not None:
+            self.num_output = total
+            self.finished_reason, self.aborted, self.abort_cause = "abort", True, self.to_finish
+            self.to_finish = None
+            return
+        stop = self.target_output_len if not self.ignore_eos else None
+        if stop is not None and stop <= total and stop < self.max_new_tokens:
+            self.num_output, self.finished_reason = max(stop, self.num_output + 1), "stop"
+        elif total >= self.max_new_tokens:
+            self.num_output, self.finished_reason = self.max_new_tokens, "length"
+        else:
+            self.num_output = total
+
     def reset_for_retract(self) -> None:
         self.retraction_count += 1
         self.prefix_len = 0

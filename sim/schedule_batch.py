@@ -12,9 +12,11 @@ from typing import Any
 from poolsim.pools.mem_cache.allocation import (
     alloc_for_decode_kvs,
     alloc_for_extend,
+    alloc_for_spec_decode,
     check_decode_capacity,
     evict_from_tree_cache,
     release_kv_cache,
+    spec_new_tokens_required_next_decode,
 )
 from poolsim.pools.mem_cache.base_prefix_cache import BasePrefixCache
 from poolsim.pools.mem_cache.swa_radix_cache import SWA_EVICTION_INTERVAL
@@ -26,9 +28,10 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: headroom kept per rema
 class ScheduleBatch:
     __slots__ = ("reqs", "forward_mode", "batch_is_full", "decoding_reqs", "extend_lens", "prefix_lens",
                  "cached_lens", "decode_seq_lens_sum", "num_decode_reqs", "chunked_req", "tree_cache",
-                 "req_to_token_pool", "mamba_tracks")
+                 "req_to_token_pool", "mamba_tracks", "spec_reserve")
 
-    def __init__(self, reqs: list[Req], tree_cache, req_to_token_pool, forward_mode: str = "decode"):
+    def __init__(self, reqs: list[Req], tree_cache, req_to_token_pool, forward_mode: str = "decode",
+                 spec_reserve: int = 0):
         self.reqs: list[Req] = list(reqs)
         self.forward_mode = forward_mode  # extend | decode | mixed
         self.batch_is_full = False
@@ -47,10 +50,13 @@ class ScheduleBatch:
         self.req_to_token_pool = req_to_token_pool
         # extra_buffer: {req: (position, seqlen)} decode checkpoints awaiting the result
         self.mamba_tracks: dict | None = None
+        # speculative decoding: the slots each request keeps reserved past its committed KV (2 x alloc_len per
+        # decode step, sim/speculative.py); 0: one slot per decode step
+        self.spec_reserve = spec_reserve
 
     def copy(self) -> "ScheduleBatch":
         """What the result processor sees: the membership and shape at launch time."""
-        b = ScheduleBatch(self.reqs, self.tree_cache, self.req_to_token_pool, self.forward_mode)
+        b = ScheduleBatch(self.reqs, self.tree_cache, self.req_to_token_pool, self.forward_mode, self.spec_reserve)
         b.decoding_reqs = self.decoding_reqs
         b.extend_lens, b.prefix_lens = self.extend_lens, self.prefix_lens
         b.decode_seq_lens_sum, b.num_decode_reqs = self.decode_seq_lens_sum, self.num_decode_reqs
@@ -106,6 +112,8 @@ class ScheduleBatch:
         reqs = self.reqs if reqs is None else reqs
         tree: BasePrefixCache = self.tree_cache
         ps = tree.token_to_kv_pool_allocator.page_size
+        if self.spec_reserve:  # schedule_batch.py:3413-3419
+            return spec_new_tokens_required_next_decode([r.kv for r in reqs], self.spec_reserve, ps)
         if ps == 1:
             return len(reqs)
         return ps * sum(1 for r in reqs if r.kv.kv_committed_len % ps == 0)
@@ -114,7 +122,11 @@ class ScheduleBatch:
         return check_decode_capacity(self.tree_cache, self.new_tokens_required_next_decode(reqs))
 
     def prepare_for_decode(self) -> None:
-        """One new KV slot per request (SGLang allocates it before the forward)."""
+        """One new KV slot per request (SGLang allocates it before the forward); speculative decoding: every
+        request's reservation (``prepare_for_spec_decode``)."""
+        if self.spec_reserve:
+            self.prepare_for_spec_decode()
+            return
         self.forward_mode = "decode"
         tree: BasePrefixCache = self.tree_cache
         if tree.supports_swa():
@@ -128,6 +140,20 @@ class ScheduleBatch:
         self.decode_seq_lens_sum, self.num_decode_reqs = total, len(kvs)
         if tree.supports_mamba():
             self.mamba_tracks = tree.decode_tracks(self.reqs, kvs) or None
+
+    def prepare_for_spec_decode(self) -> None:
+        """``eagle_prepare_for_decode`` (speculative/eagle_utils.py:857-921): every row grows to
+        ``ceil_page(kv_committed_len + 2 x alloc_len)``, in batch order; the verify result commits what it accepts.
+        The step-time model reads the committed lengths: the KV the draft and verify passes attend to."""
+        self.forward_mode = "decode"
+        tree: BasePrefixCache = self.tree_cache
+        kvs = [r.kv for r in self.reqs]
+        alloc_for_spec_decode(kvs, tree, self.req_to_token_pool, self.spec_reserve)
+        total = 0
+        for r, kv in zip(self.reqs, kvs):
+            r.decode_batch_idx += 1
+            total += kv.kv_committed_len
+        self.decode_seq_lens_sum, self.num_decode_reqs = total, len(kvs)
 
     def evict_swa(self) -> None:
         """``maybe_evict_swa`` before a decode allocation: a request past its first decode batch (under

@@ -70,6 +70,17 @@ class SchedulePolicy:
                     lambda r=r: RadixKey(r.token_ids(r.seqlen), r.extra_key), hint))
             self._refresh_hints = hints
 
+    def _touch_waiting_prefixes_reference(self, waiting_queue: list) -> None:
+        """``_touch_waiting_prefixes`` as SGLang does it: on a refresh pass, a whole ``match_prefix`` of each of
+        the first 128 waiting prompts, last first (tests/sim/test_schedule_policy.py checks that both agree)."""
+        if not waiting_queue or self.tree_cache.disable:
+            return
+        refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self._refresh_calls += 1
+        if refresh:
+            for r in waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX][::-1]:
+                self.tree_cache.match_prefix(RadixKey(r.token_ids(r.seqlen), r.extra_key))
+
     def _compute_prefix_matches(self, waiting_queue: list) -> set:
         deprioritized = set()
         self._waiting_tree.reset()

@@ -20,6 +20,7 @@ from poolsim.sim.prefill_adder import AddReqResult, PrefillAdder
 from poolsim.sim.req import Req
 from poolsim.sim.schedule_batch import ScheduleBatch
 from poolsim.sim.schedule_policy import SchedulePolicy
+from poolsim.sim.speculative import AcceptanceSampler, SpecDecodeConfig
 from poolsim.sim.swa_prefill_adder import SWAPrefillAdder
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
@@ -43,6 +44,7 @@ class SchedulerConfig:
     enable_overlap: bool = True
     enable_mixed_chunk: bool = False
     scheduler_recv_interval: int = 1  # --scheduler-recv-interval: <= 1 reads the socket every iteration
+    speculative: SpecDecodeConfig | None = None  # speculative decoding (EAGLE v2): None when off
 
     def __post_init__(self):
         if self.max_total_num_tokens % self.page_size:
@@ -51,6 +53,9 @@ class SchedulerConfig:
         if self.max_running_requests < 1 or self.max_total_num_tokens < self.page_size:
             raise ValueError(f"a server needs at least one request row and one page, got "
                              f"{self.max_running_requests} rows and {self.max_total_num_tokens} tokens")
+        if self.speculative is not None and self.enable_mixed_chunk:
+            raise ValueError("--enable-mixed-chunk with speculative decoding is not simulated (SGLang degrades the "
+                             "running requests of a mixed step to a plain one-token decode)")
 
 
 class NewTokenRatioTracker:
@@ -82,7 +87,10 @@ class Scheduler:
         self.waiting_queue: list[Req] = []
         self.inbox: list[Req] = []  # delivered, not yet read by recv_requests (--scheduler-recv-interval > 1)
         self._recv_counter = 0
-        self.running_batch = ScheduleBatch([], tree_cache, req_to_token_pool)
+        spec = config.speculative
+        self.spec_reserve = spec.reserve_per_decode if spec is not None else 0
+        self.spec_sampler: AcceptanceSampler | None = AcceptanceSampler(spec) if spec is not None else None
+        self.running_batch = self._batch([])
         self.chunked_req: Req | None = None
         self.last_batch: ScheduleBatch | None = None
         self.result_queue: list = []  # overlap: steps launched whose result has not landed (engine.Launch)
@@ -174,7 +182,7 @@ class Scheduler:
                 running.batch_is_full = False
             if not last.is_empty() and last is not running:
                 if running.is_empty():
-                    running = ScheduleBatch(last.reqs, self.tree_cache, self.req_to_token_pool)
+                    running = self._batch(last.reqs)
                 else:
                     running.merge_batch(last)
         if self._filtered_at != (running, self.num_finished):
@@ -194,6 +202,9 @@ class Scheduler:
             batch = self.update_running_batch(self.running_batch)
             return batch if batch is not None and not batch.is_empty() else None
         return None
+
+    def _batch(self, reqs: list, forward_mode: str = "decode") -> ScheduleBatch:
+        return ScheduleBatch(reqs, self.tree_cache, self.req_to_token_pool, forward_mode, self.spec_reserve)
 
     def _num_allocatable_reqs(self, num_held_rows: int = 0) -> int:
         pp_budget = self.config.max_running_requests - self.running_batch.batch_size()
@@ -267,7 +278,7 @@ class Scheduler:
             r.is_retracted = False
         if self.hicache is not None:  # the load-backs admission queued start with this batch (scheduler.py:4351)
             self.hicache.ready_to_load_host_cache()
-        batch = ScheduleBatch(can_run, self.tree_cache, self.req_to_token_pool, "extend")
+        batch = self._batch(can_run, "extend")
         batch.cached_lens = [0 if r is continuing else r.prefix_len for r in can_run]
         batch.chunked_req = self.chunked_req
         batch.prepare_for_extend()
@@ -279,7 +290,7 @@ class Scheduler:
             if not running.is_empty() and running.check_decode_mem():
                 running.prepare_for_decode()
                 batch.mix_with_running(running)
-                self.running_batch = ScheduleBatch([], self.tree_cache, self.req_to_token_pool)
+                self.running_batch = self._batch([])
                 self.running_batch.batch_is_full = running.batch_is_full
         return batch
 
@@ -339,6 +350,8 @@ class Scheduler:
             if batch.is_extend():
                 self._process_prefill_result(batch, end_time, step)
             else:
+                if self.spec_sampler is not None:
+                    self.spec_sampler.decode_steps += 1
                 self._process_decode_reqs(batch.reqs, end_time, step, batch.mamba_tracks)
         finally:
             self.allocator.free_group_end()
@@ -370,10 +383,16 @@ class Scheduler:
         overlap = self.config.enable_overlap
         tracks: dict = mamba_tracks or {}
         commit = self.tree_cache.commit_decode_track if tracks else None
+        sampler = self.spec_sampler
         for req in reqs:
             if overlap and (req.finished_reason is not None or req.is_retracted):
                 continue  # a finished request rode one extra step: its slot is freed at release
-            req.append_output()
+            if sampler is not None:  # the verify pass commits the accepted run (batch_result_processor.py:818-850)
+                n = sampler.draw(req.rid, req.num_output)
+                req.kv.kv_committed_len += n
+                req.append_outputs(n)
+            else:
+                req.append_output()
             if commit is not None:  # the decode checkpoint counts from its result on
                 track = tracks.get(req)
                 if track is not None:

@@ -32,6 +32,24 @@ fixed costs a roofline cannot see:
     comm    = 2 all-reduces per layer of tokens x hidden x 2 B:
               2 (tp-1)/tp x bytes / (GPU link bandwidth x link_efficiency) + allreduce_latency_s
 
+Speculative decoding (EAGLE v2, ``speculative/eagle_worker_v2.py:1416-1500``) makes a decode step three kinds of
+forward pass, each priced by the same terms (everything but ``step_overhead_s``, paid once per step):
+
+    t = verify + (num_steps - 1) x draft decode + draft extend + step_overhead_s
+    verify        the target over D = num_draft_tokens tokens per request: a small extend, D x bs tokens through
+                  the weights (compute-bound at large batch, weight-bound at small; MoE touches more experts),
+                  attending to the committed KV plus the draft tree (D x seq_len + D (D + 1) / 2 pairs), replayed
+                  in the decode CUDA graph up to cuda_graph_max_bs
+    draft decode  the draft over topk tokens per request (draft steps 1 .. num_steps - 1; the last step's topk
+                  needs no forward), attending to seq_len + its step
+    draft extend  the draft over the D verified tokens per request: its KV for the accepted run and the next
+                  round's first candidates
+    prefill       the target's extend plus the draft's extend over the same tokens
+
+The draft is priced from its own weights and KV cell (a NextN layer, an EAGLE head); its embedding is a lookup,
+so its bytes are not streamed (the target's fitted term keeps its own). No coefficient is speculative: the terms
+carry to any draft and target nobody fitted.
+
 ``request_cpu_s`` is not GPU time: it is what a request spends outside the forward passes (HTTP,
 tokenizer, scheduler admission, detokenizer), which bench_serving counts inside TTFT and E2E.
 
@@ -143,7 +161,7 @@ DEFAULTS = {
     "request_cpu_s": 0.08163,
 }
 MEASURED_ERROR = ('held-out median |error| 10% throughput, 19% TTFT (median TTFT 21%), 13% TPOT (full simulation '
-                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; bench/README.md); '
+                  'of 36 held-out published SGLang runs, warm-server replay, 2026-12-01; docs/time-model.md); '
                   'median signed error -9% throughput, -10% mean TTFT, +21% median TTFT, +11% TPOT')
 # END FITTED DEFAULTS
 
@@ -403,11 +421,45 @@ class ModelCost:
         )
 
 
+@dataclass(frozen=True)
+class SpecCost:
+    """What a speculative decode step runs besides the target (``AnalyticStepTime`` prices it)."""
+
+    draft: ModelCost  # the draft model's cost per pass (its own weights, layers and KV cell)
+    num_steps: int
+    eagle_topk: int
+    num_draft_tokens: int
+
+    @staticmethod
+    def from_plan(draft_model, gpu, plan, args=None) -> "SpecCost":
+        """The draft's ModelCost from ``plan.speculative``: its KV cell, the target's CUDA-graph limits, and its
+        weights less the embedding (a lookup of a few rows, not a stream of the table)."""
+        from types import SimpleNamespace
+
+        sp = plan.speculative
+        shim = SimpleNamespace(tp_size=plan.tp_size, cell_size_bytes=sp.draft_cell_bytes, mamba_bytes_per_slot=0,
+                               attention_backend=plan.attention_backend)
+        cost = ModelCost.from_model(draft_model, gpu, shim, args)
+        embed = 0.0
+        for t in draft_model.weight_tensors():
+            if t.name == "embed_tokens":
+                out, inp = t.shape_per_rank(plan.tp_size)
+                embed += out * inp * t.count * (t.dtype_bytes or 2)
+        cost = replace(cost, dense_weight_bytes=max(cost.dense_weight_bytes - embed, 0.0),
+                       num_layers=max(1, sp.draft_pool_layers))
+        return SpecCost(draft=cost, num_steps=sp.num_steps, eagle_topk=sp.eagle_topk,
+                        num_draft_tokens=sp.num_draft_tokens)
+
+
 class AnalyticStepTime:
-    def __init__(self, cost: ModelCost, coefficients: Coefficients | None = None, source: str = "defaults"):
+    def __init__(self, cost: ModelCost, coefficients: Coefficients | None = None, source: str = "defaults",
+                 spec: SpecCost | None = None):
         self.cost = cost
         self.k = coefficients or Coefficients()
         self.source = source
+        self.spec = spec
+        # speculative decode steps: seconds in all, and in the draft's passes and the target's verify
+        self.spec_decode_s = self.spec_draft_s = self.spec_verify_s = 0.0
 
     @property
     def request_cpu_s(self) -> float:
@@ -428,12 +480,48 @@ class AnalyticStepTime:
             prefill_tokens += e
             pairs_prefill += e * p + e * (e + 1) // 2
             context_tokens += p + e
+        if self.spec is not None:
+            return self.spec_time_of(batch.forward_mode, prefill_tokens, pairs_prefill, context_tokens,
+                                     batch.num_decode_reqs, batch.decode_seq_lens_sum, len(batch.reqs))
         if batch.forward_mode != "extend":
             decode_tokens = batch.num_decode_reqs
             pairs_decode = batch.decode_seq_lens_sum
             context_tokens += pairs_decode
         return self.time_of(prefill_tokens, decode_tokens, pairs_prefill, pairs_decode, context_tokens,
                             len(batch.reqs))
+
+    def spec_time_of(self, forward_mode: str, prefill_tokens: int, pairs_prefill: int, context_tokens: int,
+                     num_decode_reqs: int, seq_lens_sum: int, num_reqs: int) -> float:
+        """A step with speculative decoding (module docstring): a prefill is the target's extend plus the draft's;
+        a decode step is the verify, the draft's decode passes and its extend. ``seq_lens_sum``: the decode
+        requests' committed KV."""
+        sp, k = self.spec, self.k
+        assert sp is not None
+        if forward_mode == "extend":
+            target = self.forward_s(self.cost, prefill_tokens, 0, pairs_prefill, 0, context_tokens, num_reqs)
+            draft = self.forward_s(sp.draft, prefill_tokens, 0, pairs_prefill, 0, context_tokens, num_reqs)
+            return target + draft + k.step_overhead_s
+        bs, d, topk = num_decode_reqs, sp.num_draft_tokens, sp.eagle_topk
+        tree_pairs = bs * d * (d + 1) // 2  # each verified token sees the tokens above it in its branch
+        graph = 0 < bs <= self.cost.cuda_graph_max_bs
+        verify = self.forward_s(self.cost, 0, bs * d, 0, d * seq_lens_sum + tree_pairs, seq_lens_sum, bs, graph)
+        draft = 0.0
+        for i in range(1, sp.num_steps):  # draft decode: topk candidates per request at depth i
+            draft += self.forward_s(sp.draft, 0, bs * topk, 0, topk * (seq_lens_sum + bs * i), seq_lens_sum, bs,
+                                    graph)
+        draft += self.forward_s(sp.draft, 0, bs * d, 0, d * seq_lens_sum + tree_pairs, seq_lens_sum, bs, graph)
+        total = verify + draft + k.step_overhead_s
+        self.spec_decode_s += total
+        self.spec_draft_s += draft
+        self.spec_verify_s += verify
+        return total
+
+    def spec_stats(self) -> dict | None:
+        """Seconds of speculative decode steps, and the share the draft's passes took (None: no speculation)."""
+        if self.spec is None:
+            return None
+        return {"decode_s": self.spec_decode_s, "draft_s": self.spec_draft_s, "verify_s": self.spec_verify_s,
+                "draft_overhead": self.spec_draft_s / self.spec_decode_s if self.spec_decode_s else 0.0}
 
     def uses_graph(self, prefill_tokens: int, num_reqs: int) -> bool:
         """Decode steps up to cuda_graph_max_bs replay a captured graph; prefill steps only where
@@ -445,7 +533,14 @@ class AnalyticStepTime:
 
     def time_of(self, prefill_tokens: int, decode_tokens: int, pairs_prefill: int, pairs_decode: int,
                 context_tokens: int, num_reqs: int) -> float:
-        c, k = self.cost, self.k
+        return self.forward_s(self.cost, prefill_tokens, decode_tokens, pairs_prefill, pairs_decode, context_tokens,
+                              num_reqs) + self.k.step_overhead_s
+
+    def forward_s(self, c: ModelCost, prefill_tokens: int, decode_tokens: int, pairs_prefill: int, pairs_decode: int,
+                  context_tokens: int, num_reqs: int, graph: bool | None = None) -> float:
+        """One forward pass of the model ``c`` describes, without the per-step overhead; ``graph``: whether it
+        replays a CUDA graph (None: decode batches up to cuda_graph_max_bs, prefill where prefill graphs are on)."""
+        k = self.k
         tokens = prefill_tokens + decode_tokens
         mfu = k.mfu(c.arch)
         dense_flops = (2 * (c.active_params - c.expert_active_params) * tokens
@@ -459,7 +554,9 @@ class AnalyticStepTime:
         nbytes = (c.dense_weight_bytes + c.expert_weight_bytes * touched
                   + c.kv_cell_bytes * (context_tokens + tokens) + 2 * c.state_bytes * num_reqs)
         memory = nbytes / (c.hbm_bandwidth * k.hbm_efficiency(c.arch))
-        launch = c.num_layers * k.layer_s(c.arch, self.uses_graph(prefill_tokens, num_reqs))
+        if graph is None:
+            graph = c.prefill_cuda_graph if prefill_tokens else 0 < num_reqs <= c.cuda_graph_max_bs
+        launch = c.num_layers * k.layer_s(c.arch, graph)
         if c.fp8:
             launch += c.num_layers * getattr(k, f"fp8_layer_s_{c.arch}")
         link = c.link_bandwidth * k.link_efficiency
@@ -477,7 +574,7 @@ class AnalyticStepTime:
             msg = tokens * c.hidden_size * 2
             per_allreduce = 2 * (c.tp - 1) / c.tp * msg / link + k.allreduce_latency_s
             comm = 2 * c.num_layers * per_allreduce
-        return max(compute, memory) + triton + launch + moe + linear + comm + k.step_overhead_s
+        return max(compute, memory) + triton + launch + moe + linear + comm
 
 
 # HiCache's device<->host copies (pools/mem_cache/hiradix_cache.py). Their bandwidth is the GPU catalog's host link

@@ -67,6 +67,46 @@ def assert_conserved(tree, reqs, size):
     alloc.check_integrity()
 
 
+def tree_state(tree, reqs=()) -> dict:
+    """Everything a later operation can read of a tree and its pools (two trees driven alike compare equal):
+    nodes with their child order, stamps, clock, sizes, leaf set and heap, free lists, the request-row table and
+    the handles of ``reqs``."""
+    import numpy as np
+
+    nodes, stack = [], [tree.root_node]
+    while stack:
+        n = stack.pop()
+        row = (n.id, n.parent.id if n.parent is not None else -1, [c.id for c in n.children.values()],
+               as_list(n.key), as_list(n.value), n.lock_ref, n.last_access_time, n.mamba_value, n.mamba_lock_ref,
+               n.mamba_lru_stamp)
+        if tree.supports_swa():
+            row += (as_list(n.swa_value), n.swa_lock_ref, n.swa_uuid)
+        nodes.append(row)
+        stack.extend(n.children.values())
+    alloc = tree.token_to_kv_pool_allocator
+    state = {
+        "nodes": sorted(nodes), "clock": tree._clock, "next_id": tree._next_id,
+        "sizes": (tree.evictable_size(), tree.protected_size(), tree.num_evicted_tokens),
+        "leaves": sorted(n.id for n in tree.evictable_leaves), "heap": sorted((t, i) for t, i, _ in tree._leaf_heap),
+        "table": as_list(np.asarray(tree.req_to_token_pool.req_to_token).reshape(-1)),
+        "free_rows": list(tree.req_to_token_pool.free_slots),
+        "reqs": [(r.prefix_len, r.extend_end, r.kv.req_pool_idx, r.kv.kv_allocated_len, r.kv.kv_committed_len,
+                  r.kv.cache_protected_len, r.kv.mamba_pool_idx, r.last_node.id if r.last_node else None)
+                 for r in reqs],
+    }
+    if tree.supports_swa():
+        state["free"] = (as_list(alloc.full_attn_allocator.free_pages), as_list(alloc.swa_attn_allocator.free_pages),
+                         as_list(alloc.full_to_swa_index_mapping))
+        state["swa"] = ([n.id for n in tree.swa_lru.lru_to_mru()], tree.swa_evictable_size(),
+                        tree.swa_protected_size())
+    else:
+        state["free"] = as_list(alloc.free_pages)
+    if tree.supports_mamba():
+        state["mamba"] = (list(tree.mamba_lru), as_list(tree.mamba_allocator.free_slots),
+                          tree.mamba_evictable_size(), tree.mamba_protected_size())
+    return state
+
+
 class TraceReq:
     """A trace record with explicit prompt tokens (the ``traces.Request`` interface the simulator reads)."""
 

@@ -11,6 +11,16 @@ from poolsim.traces.errors import RequestError, TraceFormatError
 from poolsim.traces.request import Request
 
 
+def json_kind(value) -> str:
+    """What a JSON value is, in JSON's words (an error says "got null", not "got NoneType")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
 class Skips:
     """Whether bad lines may be skipped, and how many were."""
 
@@ -53,7 +63,7 @@ def json_object(path: Path, number: int, raw: bytes) -> dict:
     except (ValueError, RecursionError) as e:
         raise TraceFormatError(path, number, None, f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
-        raise TraceFormatError(path, number, None, f"expected a JSON object, got {type(obj).__name__}")
+        raise TraceFormatError(path, number, None, f"expected a JSON object, got {json_kind(obj)}")
     return obj
 
 
@@ -121,7 +131,7 @@ class Fields:
     def integers(self, key: str) -> list[int]:
         v = self.raw(key)
         if not isinstance(v, list):
-            raise self.error(key, f"must be a list of integers, got {type(v).__name__}")
+            raise self.error(key, f"must be a list of integers, got {json_kind(v)}")
         if set(map(type, v)) <= {int}:  # the usual case, checked at C speed: every element already an int
             return v
         return [self.as_int(key, x) for x in v]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from poolsim.traces.errors import TraceFormatError
-from poolsim.traces.lines import BOM, Skips, head, json_object, numbered_lines
+from poolsim.traces.lines import BOM, Skips, head, json_kind, json_object, numbered_lines
 from poolsim.traces.request import MAX_SEGMENT_LEN, Request
 
 FORMAT = "sharegpt"
@@ -49,7 +49,7 @@ def message_segment(role: str, text: str) -> int:
 
 def _messages(path: Path, line: int, conv) -> tuple[str | None, list[tuple[str, str]]]:
     if not isinstance(conv, dict):
-        raise TraceFormatError(path, line, None, f"expected a conversation object, got {type(conv).__name__}")
+        raise TraceFormatError(path, line, None, f"expected a conversation object, got {json_kind(conv)}")
     key, role_key, text_key = ("conversations", "from", "value") if "conversations" in conv else \
                               ("messages", "role", "content")
     messages = conv.get(key)
@@ -59,7 +59,7 @@ def _messages(path: Path, line: int, conv) -> tuple[str | None, list[tuple[str, 
     for k, m in enumerate(messages):
         where = f"{key}[{k}]"
         if not isinstance(m, dict):
-            raise TraceFormatError(path, line, where, f"expected a message object, got {type(m).__name__}")
+            raise TraceFormatError(path, line, where, f"expected a message object, got {json_kind(m)}")
         role, text = m.get(role_key), m.get(text_key)
         if not isinstance(role, str) or role not in ROLES:
             raise TraceFormatError(path, line, f"{where}.{role_key}", f"unknown role {role!r:.40}")

@@ -18,11 +18,13 @@ bought with other memory should pass its own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 MIB = 2**20
 GIB = 2**30
 TB = 10**12  # datasheets quote decimal TB/s and TFLOP/s
+MAX_CUSTOM_MEMORY_GIB = 10_000  # per GPU: the largest today hold under 300 GiB
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,11 @@ class GPUSpec:
     memory_bytes: int | None = None  # physical total if it differs from memory_mib (AMD)
     link_bandwidth: float = 450e9  # B/s per direction to the other GPUs of the server (scale-up fabric)
     interconnect: str = "NVLink 4"
+    # the server (node) the GPU comes in: GPUs per node and each GPU's scale-out link to other nodes, B/s per
+    # direction (None: not from a datasheet; poolsim then checks no node layout)
+    gpus_per_node: int | None = None
+    scale_out_bandwidth: float | None = None
+    scale_out: str | None = None
     host_link_bandwidth: float = 64e9  # B/s per direction to host memory (PCIe Gen5 x16 unless said otherwise)
     host_link: str = "PCIe Gen5 x16"
     host_memory_gib: float | None = None  # RAM of the typical server of this GPU (None: unknown)
@@ -54,9 +61,16 @@ class GPUSpec:
                bf16_tflops: float = 989.0, fp8_tflops: float | None = None, arch: str = "sm90",
                link_gbs: float = 450.0, interconnect: str = "custom") -> "GPUSpec":
         """A GPU from flags: memory in GiB, bandwidth in TB/s, dense TFLOP/s, link GB/s per direction."""
-        if memory_gib <= 0 or bandwidth_tbs <= 0 or bf16_tflops <= 0:
-            raise ValueError(f"custom GPU needs positive memory ({memory_gib} GiB), bandwidth "
-                             f"({bandwidth_tbs} TB/s) and bf16 FLOP/s ({bf16_tflops} TFLOP/s)")
+        for flag, value, limit in (("--gpu-memory-gib", memory_gib, MAX_CUSTOM_MEMORY_GIB),
+                                   ("--gpu-bandwidth-tbs", bandwidth_tbs, None), ("--gpu-bf16-tflops", bf16_tflops, None),
+                                   ("--gpu-fp8-tflops", fp8_tflops, None)):
+            if value is None and flag == "--gpu-fp8-tflops":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{flag} {value:g}: a custom GPU needs a finite number > 0" if isinstance(value, float)
+                                 else f"{flag} {value!r}: a custom GPU needs a finite number > 0")
+            if limit is not None and value > limit:
+                raise ValueError(f"{flag} {value:g}: more than any accelerator has ({limit:,} GiB)")
         if link_gbs <= 0:
             raise ValueError(f"custom GPU needs a positive link bandwidth ({link_gbs} GB/s)")
         if arch not in ARCHS:
@@ -76,40 +90,53 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     # BF16 1,979 TFLOPS and FP8 3,958 TFLOPS "with sparsity" -> dense is half.
     # nvidia-smi memory.total 81559 MiB (e.g. sgl-project/sglang#7478).
     # NVLink 4: 18 links, 900 GB/s bidirectional per GPU -> 450 GB/s per direction.
-    # Host side: PCIe Gen5 x16, 128 GB/s bidirectional (H100 datasheet) -> 64 GB/s per direction; NVIDIA DGX H100
-    # datasheet: 8 GPUs, 2 TB system memory.
+    # HGX/DGX H100 (DGX H100 datasheet): 8 GPUs per node, 8x single-port ConnectX-7 VPI, 400 Gb/s InfiniBand
+    # NDR per GPU -> 50 GB/s per direction.
+    # Host side: PCIe Gen5 x16, 128 GB/s bidirectional (H100 datasheet) -> 64 GB/s per direction; DGX H100
+    # datasheet: 2 TB system memory.
     "h100": GPUSpec("H100 80GB SXM", 81559, 3.35 * TB, 989.5 * TB, 1979 * TB, "sm90",
-                    link_bandwidth=450e9, interconnect="NVLink 4", host_link_bandwidth=64e9,
-                    host_link="PCIe Gen5 x16", host_memory_gib=2048, host_system="DGX H100, 8 GPUs, 2 TB"),
+                    link_bandwidth=450e9, interconnect="NVLink 4", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU",
+                    host_link_bandwidth=64e9, host_link="PCIe Gen5 x16", host_memory_gib=2048,
+                    host_system="DGX H100, 8 GPUs, 2 TB"),
     # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s,
     # BF16 1,979 / FP8 3,958 TFLOPS with sparsity. nvidia-smi memory.total 143771 MiB.
     # NVLink 4, 900 GB/s bidirectional (H200 datasheet) -> 450 GB/s per direction.
-    # Host side: PCIe Gen5 128 GB/s bidirectional (H200 datasheet) -> 64 GB/s per direction; NVIDIA DGX H200
-    # datasheet: 8 GPUs, 2 TB system memory.
+    # HGX/DGX H200 (DGX H200 datasheet): 8 GPUs per node, 8x ConnectX-7 400 Gb/s InfiniBand NDR -> 50 GB/s.
+    # Host side: PCIe Gen5 128 GB/s bidirectional (H200 datasheet) -> 64 GB/s per direction; DGX H200 datasheet:
+    # 2 TB system memory.
     "h200": GPUSpec("H200 141GB SXM", 143771, 4.8 * TB, 989.5 * TB, 1979 * TB, "sm90",
-                    link_bandwidth=450e9, interconnect="NVLink 4", host_link_bandwidth=64e9,
-                    host_link="PCIe Gen5 x16", host_memory_gib=2048, host_system="DGX H200, 8 GPUs, 2 TB"),
+                    link_bandwidth=450e9, interconnect="NVLink 4", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU",
+                    host_link_bandwidth=64e9, host_link="PCIe Gen5 x16", host_memory_gib=2048,
+                    host_system="DGX H200, 8 GPUs, 2 TB"),
     # NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx): per GPU 180 GB HBM3e, 8 TB/s,
     # FP8 9 PFLOPS and BF16 4.5 PFLOPS with sparsity -> 4.5 / 2.25 PFLOPS dense.
     # nvidia-smi memory.total 183359 MiB.
     # NVLink 5: 1.8 TB/s bidirectional per GPU (HGX B200 datasheet) -> 900 GB/s per direction.
-    # Host side: PCIe Gen5 x16 per GPU, 64 GB/s per direction (HGX B200); NVIDIA DGX B200 datasheet: 8 GPUs,
-    # 2 TB system memory (configurable to 4 TB).
+    # DGX B200 datasheet: 8 GPUs per node, 8x single-port ConnectX-7 VPI up to 400 Gb/s -> 50 GB/s.
+    # Host side: PCIe Gen5 x16 per GPU, 64 GB/s per direction (HGX B200); DGX B200 datasheet: 2 TB system memory
+    # (configurable to 4 TB).
     "b200": GPUSpec("B200 180GB", 183359, 8.0 * TB, 2250 * TB, 4500 * TB, "sm100",
-                    link_bandwidth=900e9, interconnect="NVLink 5", host_link_bandwidth=64e9,
-                    host_link="PCIe Gen5 x16", host_memory_gib=2048, host_system="DGX B200, 8 GPUs, 2 TB"),
+                    link_bandwidth=900e9, interconnect="NVLink 5", gpus_per_node=8, scale_out_bandwidth=50e9,
+                    scale_out="InfiniBand NDR 400 Gb/s per GPU",
+                    host_link_bandwidth=64e9, host_link="PCIe Gen5 x16", host_memory_gib=2048,
+                    host_system="DGX B200, 8 GPUs, 2 TB"),
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): A100 80GB SXM 2,039 GB/s,
     # A100 40GB SXM 1,555 GB/s; BF16 312 TFLOPS dense; no FP8. nvidia-smi 81920 / 40960 MiB.
     # NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet) -> 300 GB/s per direction.
-    # Host side: PCIe Gen4 64 GB/s bidirectional (A100 datasheet) -> 32 GB/s per direction; NVIDIA DGX A100
-    # datasheet: 2 TB system memory with 8x A100 80GB (DGX A100 640GB), 1 TB with 8x A100 40GB (320GB).
+    # DGX A100 datasheet: 8 GPUs per node, 8x single-port ConnectX-6 VPI 200 Gb/s HDR InfiniBand -> 25 GB/s.
+    # Host side: PCIe Gen4 64 GB/s bidirectional (A100 datasheet) -> 32 GB/s per direction; DGX A100 datasheet:
+    # 2 TB system memory with 8x A100 80GB (DGX A100 640GB), 1 TB with 8x A100 40GB (320GB).
     "a100-80gb": GPUSpec("A100 80GB SXM", 81920, 2.039 * TB, 312 * TB, None, "sm80",
-                         link_bandwidth=300e9, interconnect="NVLink 3", host_link_bandwidth=32e9,
-                         host_link="PCIe Gen4 x16", host_memory_gib=2048,
+                         link_bandwidth=300e9, interconnect="NVLink 3", gpus_per_node=8, scale_out_bandwidth=25e9,
+                         scale_out="InfiniBand HDR 200 Gb/s per GPU",
+                         host_link_bandwidth=32e9, host_link="PCIe Gen4 x16", host_memory_gib=2048,
                          host_system="DGX A100 640GB, 8 GPUs, 2 TB"),
     "a100-40gb": GPUSpec("A100 40GB SXM", 40960, 1.555 * TB, 312 * TB, None, "sm80",
-                         link_bandwidth=300e9, interconnect="NVLink 3", host_link_bandwidth=32e9,
-                         host_link="PCIe Gen4 x16", host_memory_gib=1024,
+                         link_bandwidth=300e9, interconnect="NVLink 3", gpus_per_node=8, scale_out_bandwidth=25e9,
+                         scale_out="InfiniBand HDR 200 Gb/s per GPU",
+                         host_link_bandwidth=32e9, host_link="PCIe Gen4 x16", host_memory_gib=1024,
                          host_system="DGX A100 320GB, 8 GPUs, 1 TB"),
     # NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s; BF16 362.05 TFLOPS, FP8 733 TFLOPS dense
     # (733 / 1,466 with sparsity). nvidia-smi memory.total 46068 MiB.
@@ -117,8 +144,8 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     # Host side: the same PCIe Gen4 x16 link. RAM: no NVIDIA reference system; 1 TB assumed for an 8-GPU L40S
     # server (a typical OEM build; pass --host-memory-gib for yours).
     "l40s": GPUSpec("L40S 48GB", 46068, 0.864 * TB, 362.05 * TB, 733 * TB, "sm89",
-                    link_bandwidth=32e9, interconnect="PCIe Gen4 x16", host_link_bandwidth=32e9,
-                    host_link="PCIe Gen4 x16", host_memory_gib=1024,
+                    link_bandwidth=32e9, interconnect="PCIe Gen4 x16",
+                    host_link_bandwidth=32e9, host_link="PCIe Gen4 x16", host_memory_gib=1024,
                     host_system="8-GPU L40S server, 1 TB (assumed, no reference system)"),
     # NVIDIA L4 datasheet: 24 GB GDDR6 300 GB/s; BF16 242 / FP8 485 TFLOPS with sparsity
     # -> 121 / 242.5 dense. nvidia-smi memory.total 23034 MiB.
@@ -126,8 +153,8 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     # Host side: the same PCIe Gen4 x16 link. RAM: no NVIDIA reference system; 512 GB assumed for an 8-GPU L4
     # server (a typical OEM build; pass --host-memory-gib for yours).
     "l4": GPUSpec("L4 24GB", 23034, 0.300 * TB, 121 * TB, 242.5 * TB, "sm89",
-                  link_bandwidth=32e9, interconnect="PCIe Gen4 x16", host_link_bandwidth=32e9,
-                  host_link="PCIe Gen4 x16", host_memory_gib=512,
+                  link_bandwidth=32e9, interconnect="PCIe Gen4 x16",
+                  host_link_bandwidth=32e9, host_link="PCIe Gen4 x16", host_memory_gib=512,
                   host_system="8-GPU L4 server, 512 GB (assumed, no reference system)"),
     # AMD Instinct MI300X datasheet (amd.com): 192 GB HBM3 5.3 TB/s; BF16 1,307.4 TFLOPS and
     # FP8 2,614.9 TFLOPS dense. rocminfo pool 1: 201310208 KB -> 196592 MiB (what SGLang reads);

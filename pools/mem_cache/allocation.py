@@ -166,6 +166,63 @@ def alloc_for_decode_kvs(kvs: list[ReqKvInfo], tree_cache: BasePrefixCache,
     return out
 
 
+def spec_decode_alloc_lens(kvs: list[ReqKvInfo], reserve: int, page_size: int) -> tuple[list[int], list[int], int]:
+    """``page_aligned_decode_alloc_lens`` (allocation_sizing.py:73-93): each row's allocation grows to
+    ``max(kv_allocated_len, ceil_page(kv_committed_len + reserve))``. Returns (cur, nxt, tokens needed)."""
+    cur, nxt, needed = [], [], 0
+    for kv in kvs:
+        c = kv.kv_allocated_len
+        n = max(c, (kv.kv_committed_len + reserve + page_size - 1) // page_size * page_size)
+        cur.append(c)
+        nxt.append(n)
+        needed += n - c
+    return cur, nxt, needed
+
+
+def spec_new_tokens_required_next_decode(kvs: list[ReqKvInfo], reserve: int, page_size: int) -> int:
+    """``_new_tokens_required_next_decode_spec_v2`` (schedule_batch.py:3421-3430): the slots the next speculative
+    decode step takes, in whole pages."""
+    total = 0
+    for kv in kvs:
+        cur = kv.kv_allocated_len
+        nxt = cur + max(0, kv.kv_committed_len + reserve - cur)
+        total += -(-nxt // page_size) * page_size - -(-cur // page_size) * page_size
+    return total
+
+
+def alloc_for_spec_decode(kvs: list[ReqKvInfo], tree_cache: BasePrefixCache, req_to_token_pool: ReqToTokenPool,
+                          reserve: int) -> np.ndarray:
+    """``alloc_for_spec_decode`` (allocation.py:780-848) after ``eagle_prepare_for_decode``'s lengths
+    (eagle_utils.py:865-921): grow every row to its reservation, in batch order. Page 1: ``alloc_token_slots`` of
+    the total (the free list's head); beyond: ``alloc_extend`` from each row's ``kv_allocated_len``, after evicting
+    for ``needed + bs x page`` (``alloc_paged_token_slots_extend``, :175-201). Only ``kv_allocated_len`` moves; the
+    verify result commits. Returns the new slots (out_cache_loc)."""
+    allocator = tree_cache.token_to_kv_pool_allocator
+    ps = allocator.page_size
+    cur, nxt, needed = spec_decode_alloc_lens(kvs, reserve, ps)
+    if needed <= 0:
+        return _EMPTY
+    if ps == 1:
+        out = alloc_token_slots(tree_cache, needed)
+    else:
+        rows = np.array([kv.req_pool_idx for kv in kvs], dtype=np.int64)
+        cur_arr = np.array(cur, dtype=np.int64)
+        last_loc = np.asarray(req_to_token_pool.req_to_token[rows, cur_arr - 1], dtype=np.int64)
+        evict_from_tree_cache(tree_cache, needed + len(kvs) * ps)
+        out = allocator.alloc_extend(cur_arr, np.array(nxt, dtype=np.int64), last_loc, needed)
+        if out is None:
+            raise OutOfMemoryError(f"Decode out of memory. Try to allocate {needed} tokens; "
+                                   f"available {allocator.available_size()}, evictable {tree_cache.evictable_size()}")
+        out = np.asarray(out, dtype=np.int64)
+    start = 0
+    for kv, c, n in zip(kvs, cur, nxt):
+        if n > c:
+            req_to_token_pool.write((kv.req_pool_idx, slice(c, n)), out[start: start + n - c])
+            start += n - c
+        kv.kv_allocated_len = n
+    return out
+
+
 def checkpoint_kv_cache(req, tree_cache: BasePrefixCache) -> None:
     """Publish a chunked request's computed prefix (``stash_chunked_request``)."""
     tree_cache.checkpoint(req, up_to=req.extend_end)

@@ -244,6 +244,11 @@ class RadixCache(BasePrefixCache):
         end_key = self._child_key(tokens[pos:], extra) if pos < len(tokens) else None
         return path, child_keys, end_key
 
+    def touch_prefix_reference(self, make_key, hint=None) -> None:
+        """``touch_prefix`` as SGLang does it: a whole ``match_prefix`` from the root on every call (no hint to
+        carry: it returns None). tests/pools/test_fast_paths.py checks that the two leave the same tree."""
+        self.match_prefix(make_key())
+
     def _touch_path(self, path: list) -> None:
         """``_finish_path``'s effect on the tree without building the result nobody reads."""
         best = self._best_on_path(path)
@@ -305,7 +310,8 @@ class RadixCache(BasePrefixCache):
 
         ``from_node``: a node whose root path holds exactly ``key[:prev_prefix_len]`` (the node a request's
         previous checkpoint locked). The walk down to it matches every node whole and frees nothing, so
-        only its recency stamps are replayed and the token compare resumes below it."""
+        only its recency stamps are replayed and the token compare resumes below it. ``from_node=None`` is
+        the reference, SGLang's walk from the root (tests/pools/test_fast_paths.py checks that both agree)."""
         key = key.page_aligned(self.page_size)
         if not isinstance(value, np.ndarray):
             value = np.asarray(value, dtype=np.int64)
@@ -531,6 +537,13 @@ class RadixCache(BasePrefixCache):
             last = child
             pos += plen
         self._commit_insert(last, False, None)
+
+    def _reinsert_prefix_reference(self, node: TreeNode, length: int) -> None:
+        """``_reinsert_prefix`` as SGLang does it: the prompt key inserted again from the root, its slots the
+        tree's own, ``prev_prefix_len=length`` (tests/pools/test_fast_paths.py checks that both agree)."""
+        tokens = np.concatenate([n.key for n in self._path_to(node)])
+        self.insert(RadixKey(tokens[:length], node.extra_key), self.path_device_indices(node)[:length],
+                    prev_prefix_len=length)
 
     def _prepare_for_caching(self, req, up_to: int, is_finished: bool) -> tuple[int, int | None, int | None]:
         """Hook: (length to insert, state slot offered to the tree, ping-pong position it came from)."""

@@ -52,12 +52,6 @@ class SWALRUList:
         self.head.lru_next, self.tail.lru_prev = self.tail, self.head
         self.members: set = set()
 
-    def __contains__(self, node) -> bool:
-        return node in self.members
-
-    def __len__(self) -> int:
-        return len(self.members)
-
     def _link_after(self, ref, node) -> None:
         node.lru_prev, node.lru_next = ref, ref.lru_next
         ref.lru_next.lru_prev = node

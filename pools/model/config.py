@@ -44,6 +44,16 @@ class MoESpec:
     score_bias: bool = False  # e_score_correction_bias (noaux_tc routers)
     router_dtype_bytes: int | None = None  # a router kept in float32 (Grok, GLM-4.7-Flash); None: model dtype
     expert_bias: bool = False  # per-expert biases on w13 and w2 (gpt-oss)
+    # Latent MoE (Nemotron-H ``moe_latent_size``, Kimi-K3 ``routed_expert_hidden_size``): the routed experts
+    # work in a ``latent_size``-wide space between two replicated projections hidden -> latent -> hidden
+    # (nemotron_h.py:260-345, kimi_k3.py:449-685); the router and the shared experts stay on the hidden size.
+    latent_size: int = 0  # 0: the experts work on the hidden size
+    latent_norm: bool = False  # an RMSNorm over the latent (Kimi-K3 latent_moe_use_norm)
+    latent_quantized: bool = True  # the projections take the checkpoint's quantization (Nemotron-H; not K3)
+    # MXFP4 experts whose storage depends on the GPU (Kimi-K3): packed only on these archs, where the
+    # model override picks a packed MXFP4 runner; elsewhere SGLang's auto runner upcasts them to the
+    # model dtype after loading (quantization/mxfp4.py:1115-1136). None: packed everywhere (gpt-oss).
+    mxfp4_packed_archs: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class SWASpec:
     head_dim: int
     v_head_dim: int
     hybrid_pool: bool  # on SGLang's hybrid-SWA allowlist: a separate, smaller SWA pool
+    num_attention_heads: int = 0  # query heads of the windowed layers (0: as the full layers)
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ class LinearAttnSpec:
     num_k_heads: int
     head_k_dim: int
     conv_kernel: int
+    full_rank_gate: bool = False  # KDA: a full-rank output gate g_proj instead of g_a/g_b (Kimi-K3)
 
     def state_shape(self, tp: int) -> MambaStateShape:
         """Per-slot state shapes on one rank (``mamba2_cache_params`` of the model's config class)."""
@@ -104,12 +116,14 @@ class WeightTensor:
     out_features: int
     in_features: int
     count: int = 1
-    shard: str = "rep"  # col (out/tp) | row (in/tp) | rep | kv_heads | vocab
+    shard: str = "rep"  # col (out/tp) | row (in/tp) | rep | kv_heads | vocab | pad8_rows | at_tp
     active: float = 1.0  # share of the copies one token uses (routed experts: top_k / num_experts)
     quantized: bool = False  # a linear weight an fp8 checkpoint stores in fp8
     dtype_bytes: int | None = None  # fixed storage width (fp32 parameters); None: the model's
-    head_dim: int = 0  # kv_heads shard only
+    head_dim: int = 0  # kv_heads, pad8_rows: the head dim; at_tp: the tp size
     runtime_copy: bool = False  # a buffer SGLang derives after loading; not a checkpoint parameter
+    pad: int = 0  # the sharded dim per rank rounded up to a multiple of this (FusedMoE's expert padding)
+    archs: tuple[str, ...] | None = None  # held only on these GPU archs (None: on every one)
 
     @property
     def numel(self) -> int:
@@ -118,15 +132,23 @@ class WeightTensor:
     def shape_per_rank(self, tp: int) -> tuple[int, int]:
         out, inp = self.out_features, self.in_features
         if self.shard == "col":
-            return -(-out // tp), inp
+            return _pad(-(-out // tp), self.pad), inp
         if self.shard == "row":
-            return out, -(-inp // tp)
+            return out, _pad(-(-inp // tp), self.pad)
         if self.shard == "kv_heads":  # replicated once tp exceeds the kv heads (QKVParallelLinear)
             return max(1, out // self.head_dim // tp) * self.head_dim, inp
         if self.shard == "vocab":
             padded = -(-out // VOCAB_PADDING) * VOCAB_PADDING
             return -(-padded // tp), inp
+        if self.shard == "pad8_rows":  # zero rows that pad head_dim + out/tp merged rows to a multiple of 8
+            return (-(self.head_dim + -(-out // tp))) % 8, inp
+        if self.shard == "at_tp":  # a post-load buffer built only at tp == head_dim (a kernel compiled for it)
+            return (out, inp) if tp == self.head_dim else (0, inp)
         return out, inp
+
+
+def _pad(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if multiple else n
 
 
 @dataclass(frozen=True)
@@ -166,6 +188,14 @@ class ModelConfig:
     extra_weights: tuple[WeightTensor, ...] = ()  # family-specific tensors the generic list lacks
     dsa: DSASpec | None = None
     swa: SWASpec | None = None  # set when some attention layers have a sliding window
+    embed_replicated: bool = False  # a plain nn.Embedding (Gemma): the whole table on every rank
+    # SGLang's is_multimodal (configs/model_config.py:820-828): the KV budget reserves the multimodal
+    # embedding cache, and prefill CUDA graphs need the arch on the breakable-graph allowlist (:2501-2516)
+    is_multimodal: bool = False
+    multimodal_prefill_graph: bool = False
+    # (num_hidden_layers, hidden_size) SGLang reads off vision_config to shrink mem_fraction_static for a VLM,
+    # with its defaults 24 and 1024 for a missing attribute (memory_hook.py:439-441); None: no vision_config
+    vit_size: tuple[int, int] | None = None
     notes: tuple[str, ...] = ()  # assumptions made while reading the config (plan prints them)
     hf_config: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
@@ -176,7 +206,9 @@ class ModelConfig:
         return sorted(p.stem for p in CATALOG_DIR.glob("*.json"))
 
     @staticmethod
-    def load(name_or_path: str | Path) -> "ModelConfig":
+    def load(name_or_path: str | Path, flag: str = "--model") -> "ModelConfig":
+        """A config.json path (or a folder holding one) or a catalog name; ``flag``: the option that named it, for
+        the error."""
         path = Path(name_or_path).expanduser()
         if path.is_dir():
             path = path / "config.json"
@@ -187,7 +219,7 @@ class ModelConfig:
         bundled = CATALOG_DIR / f"{key}.json"
         if bundled.is_file():
             return ModelConfig.from_file(bundled, name=str(name_or_path).strip().lower())
-        raise ValueError(f"--model {name_or_path!r} is neither a config.json nor a catalog name; "
+        raise ValueError(f"{flag} {name_or_path!r} is neither a config.json nor a catalog name; "
                          f"known: {', '.join(ModelConfig.catalog_names() + sorted(CATALOG_ALIASES))}")
 
     @staticmethod
@@ -263,8 +295,9 @@ class ModelConfig:
     def weight_dtype(self) -> str:
         return {"fp8": "fp8_e4m3", "mxfp4": "mxfp4"}.get(self.quant_method, self.dtype)
 
-    def weight_tensors(self) -> list[WeightTensor]:
-        return _weight_tensors(self)
+    def weight_tensors(self, gpu_arch: str = "sm90") -> list[WeightTensor]:
+        """The tensors on a GPU of ``gpu_arch`` (a few families store their experts per arch)."""
+        return [t for t in _weight_tensors(self) if t.archs is None or gpu_arch in t.archs]
 
     def param_count(self) -> int:
         """Parameters in the checkpoint SGLang loads (the MTP/next-n layers are not loaded)."""
@@ -278,12 +311,28 @@ class ModelConfig:
         return int(sum(t.numel * t.active for t in self.weight_tensors()
                        if not t.runtime_copy and t.name != "embed_tokens"))
 
-    def weight_bytes_per_rank(self, tp: int) -> int:
-        """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank."""
+    def weight_bytes_per_rank(self, tp: int, gpu_arch: str = "sm90", *, attn_tp: int | None = None,
+                              dense_tp: int | None = None, ep: int = 1, skip: tuple[str, ...] = ()) -> int:
+        """Bytes of weights (plus fp8 block scales and SGLang's post-load copies) on one tp rank.
+
+        ``attn_tp``: under attention DP (``--attn-dp-size``), the attention projections and the input embedding
+        shard over the attention-TP group of tp / attn_dp ranks instead of all tp (``weight_group``);
+        ``dense_tp``: the dense MLP's width (``--moe-dense-tp-size 1`` replicates it). None: tp.
+        ``ep``: expert parallelism: a rank holds num_experts / ep routed experts
+        (``layers/moe/fused_moe_triton/layer.py:414-416``), each with its intermediate split over
+        moe_tp = tp / ep ranks (``:427-428``; ``runtime_context.py:154``). ``skip``: tensor names a pipeline stage
+        does not hold (``PPMissingLayer``: the embedding off the first stage, the LM head off the last).
+        """
         model_bytes = dtype_bytes(self.dtype)
+        widths = {"tp": tp, "attn_tp": attn_tp or tp, "dense_tp": dense_tp or tp, "experts": tp // ep}
         total = 0
-        for t in self.weight_tensors():
-            out, inp = t.shape_per_rank(tp)
+        for t in self.weight_tensors(gpu_arch):
+            if t.name in skip:
+                continue
+            group = weight_group(t)
+            if group == "experts" and ep > 1:
+                t = replace(t, count=t.count // ep)
+            out, inp = t.shape_per_rank(widths[group])
             if t.dtype_bytes is not None:
                 width = t.dtype_bytes
             elif t.quantized and self.quant_method == "fp8":
@@ -309,6 +358,23 @@ class ModelConfig:
         return self.weight_bytes_per_rank(1) / self.param_count()
 
 
+def weight_group(t: WeightTensor) -> str:
+    """Which process group shards a tensor: ``attn_tp`` for the attention projections (``parallel_group="attn_tp"``,
+    models/deepseek_v2.py:2077-2161, models/qwen3.py:164-211) and the input embedding under attention DP
+    (get_embedding_tp_kwargs, layers/vocab_parallel_embedding.py:182-185; models/qwen2.py:370-374);
+    ``dense_tp`` for the dense MLP (models/deepseek_v2.py:2665); ``tp`` for the rest: the LM head
+    (``use_attn_tp_group=enable_dp_lm_head``, off by default: models/deepseek_v2.py:3291-3296), the MoE experts,
+    the shared experts (models/deepseek_v2.py:888-896) and replicated tensors; ``experts`` for the routed experts
+    (``tp`` without expert parallelism)."""
+    if t.name.startswith("attn.") or t.name == "embed_tokens":
+        return "attn_tp"
+    if t.name.startswith("moe.experts."):  # FusedMoE's routed experts: moe_tp wide, num_experts / ep of them
+        return "experts"
+    if t.name.startswith("mlp."):
+        return "dense_tp"
+    return "tp"
+
+
 def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
     """Every weight tensor of the model as SGLang builds it (``srt/models/*.py``), with its tp sharding."""
     h = m.hidden_size
@@ -320,22 +386,30 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
     if m.norms_per_layer is not None:
         n_norms = m.norms_per_layer * len(m.layers)  # e.g. one norm per Nemotron-H block
     W = WeightTensor
-    ts = [W("embed_tokens", m.vocab_size, h, shard="vocab"), W("norms", h, 1, n_norms + 1)]
+    # VocabParallelEmbedding shards the padded vocabulary; Gemma's nn.Embedding keeps all of it per rank
+    embed_shard = "rep" if m.embed_replicated else "vocab"
+    ts = [W("embed_tokens", m.vocab_size, h, shard=embed_shard), W("norms", h, 1, n_norms + 1)]
     if not m.tie_word_embeddings:
         ts.append(W("lm_head", m.vocab_size, h, shard="vocab"))
 
-    heads, kv, hd = m.num_attention_heads, m.num_key_value_heads, m.head_dim
     if n_attn and m.attention_arch == "mha":
-        q_out = heads * hd * (2 if m.attn_output_gate else 1)  # Qwen3-Next packs the output gate with q
-        ts += [W("attn.q_proj", q_out, h, n_attn, "col", quantized=True),
-               W("attn.k_proj", kv * hd, h, n_attn, "kv_heads", quantized=True, head_dim=hd),
-               W("attn.v_proj", kv * m.v_head_dim, h, n_attn, "kv_heads", quantized=True, head_dim=m.v_head_dim),
-               W("attn.o_proj", h, heads * m.v_head_dim, n_attn, "row", quantized=True)]
-        if m.attention_bias:
-            ts.append(W("attn.qkv_bias", heads * hd + 2 * kv * hd, 1, n_attn, "col"))
-        if m.qk_norm:
-            ts.append(W("attn.qk_norm", 2 * hd, 1, n_attn))
+        swa = m.swa
+        n_swa = len(m.swa_layer_ids)
+        if swa is not None and n_swa and (swa.num_attention_heads or m.num_attention_heads, swa.num_key_value_heads,
+                                          swa.head_dim, swa.v_head_dim) != (m.num_attention_heads,
+                                                                            m.num_key_value_heads, m.head_dim,
+                                                                            m.v_head_dim):
+            # windowed layers with their own head geometry (Gemma 4, MiMo-V2): their projections are sized
+            # by it (gemma4_causal.py:330-375)
+            ts += _mha_tensors(m, "attn", m.num_attention_heads, m.num_key_value_heads, m.head_dim,
+                               m.v_head_dim, n_attn - n_swa)
+            ts += _mha_tensors(m, "attn.swa", swa.num_attention_heads or m.num_attention_heads,
+                               swa.num_key_value_heads, swa.head_dim, swa.v_head_dim, n_swa)
+        else:
+            ts += _mha_tensors(m, "attn", m.num_attention_heads, m.num_key_value_heads, m.head_dim,
+                               m.v_head_dim, n_attn)
     elif n_attn:  # MLA (deepseek_v2.py DeepseekV2AttentionMLA)
+        heads = m.num_attention_heads
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
             ts += [W("attn.q_a_proj", m.q_lora_rank, h, n_attn, "rep", quantized=True),
@@ -354,7 +428,21 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
 
     la = m.linear_attn
     n_lin = len(m.linear_layer_ids)
-    if la is not None and la.kind == "kda":  # kimi_linear.py KimiDeltaAttention
+    if la is not None and la.kind == "kda" and la.full_rank_gate:
+        # KimiK3DeltaAttention (kimi_k3.py:1552-1600): fused q,k,v,g; the forget gate keeps its f_a/f_b
+        # low rank; post_load merges f_a and b_proj into one buffer padded to 8 rows (:1813-1852)
+        proj = la.num_heads * la.head_dim
+        ts += [W("kda.q_k_v_g_proj", 4 * proj, h, n_lin, "col", quantized=True),
+               W("kda.b_proj", la.num_heads, h, n_lin, "col", quantized=True),
+               W("kda.f_a_proj", la.head_dim, h, n_lin, "rep", quantized=True),
+               W("kda.f_b_proj", proj, la.head_dim, n_lin, "col", quantized=True),
+               W("kda.bfa_pad_rows", la.num_heads, h, n_lin, "pad8_rows", head_dim=la.head_dim, runtime_copy=True),
+               W("kda.dt_bias", proj, 1, n_lin, "col", dtype_bytes=4),
+               W("kda.qkv_conv1d", 3 * proj, la.conv_kernel, n_lin, "col", dtype_bytes=4),
+               W("kda.A_log", la.num_heads, 1, n_lin, "col", dtype_bytes=4),
+               W("kda.o_norm", la.head_dim, 1, n_lin),
+               W("kda.o_proj", h, proj, n_lin, "row", quantized=True)]
+    elif la is not None and la.kind == "kda":  # kimi_linear.py KimiDeltaAttention
         proj = la.num_heads * la.head_dim
         ts += [W("kda.q_k_v_proj", 3 * proj, h, n_lin, "col", quantized=True),
                W("kda.b_proj", la.num_heads, h, n_lin, "col", quantized=True),
@@ -394,11 +482,13 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
     if n_moe and m.moe is not None:
         e = m.moe
         up = 2 if e.gated else 1
-        ts += [W("moe.gate", e.num_experts, h, n_moe, dtype_bytes=e.router_dtype_bytes),  # never quantized
-               W("moe.experts.w13", up * e.intermediate_size, h, n_moe * e.num_experts, "col",
-                 active=e.top_k / e.num_experts, quantized=True),
-               W("moe.experts.w2", h, e.intermediate_size, n_moe * e.num_experts, "row",
-                 active=e.top_k / e.num_experts, quantized=True)]
+        eh = e.latent_size or h  # the width the routed experts work in
+        ts.append(W("moe.gate", e.num_experts, h, n_moe, dtype_bytes=e.router_dtype_bytes))  # never quantized
+        ts += _expert_tensors(e, eh, n_moe, up)
+        if e.latent_size:  # ReplicatedLinear hidden -> latent and latent -> hidden
+            ts += [W("moe.latent_proj", 2 * e.latent_size, h, n_moe, quantized=e.latent_quantized)]
+            if e.latent_norm:
+                ts.append(W("moe.latent_norm", e.latent_size, 1, n_moe))
         if e.expert_bias:
             ts += [W("moe.experts.w13_bias", up * e.intermediate_size, 1, n_moe * e.num_experts, "col",
                      active=e.top_k / e.num_experts),
@@ -411,3 +501,52 @@ def _weight_tensors(m: ModelConfig) -> list[WeightTensor]:
         if e.shared_expert_gate:
             ts.append(W("moe.shared_expert_gate", 1, h, n_moe))
     return ts + list(m.extra_weights)
+
+
+def _mha_tensors(m: ModelConfig, prefix: str, heads: int, kv: int, hd: int, vd: int, n: int) -> list[WeightTensor]:
+    """One attention geometry's projections on ``n`` layers (QKVParallelLinear, RowParallelLinear)."""
+    W = WeightTensor
+    q_out = heads * hd * (2 if m.attn_output_gate else 1)  # Qwen3-Next packs the output gate with q
+    ts = [W(f"{prefix}.q_proj", q_out, m.hidden_size, n, "col", quantized=True),
+          W(f"{prefix}.k_proj", kv * hd, m.hidden_size, n, "kv_heads", quantized=True, head_dim=hd),
+          W(f"{prefix}.v_proj", kv * vd, m.hidden_size, n, "kv_heads", quantized=True, head_dim=vd),
+          W(f"{prefix}.o_proj", m.hidden_size, heads * vd, n, "row", quantized=True)]
+    if m.attention_bias:
+        ts.append(W(f"{prefix}.qkv_bias", heads * hd + 2 * kv * hd, 1, n, "col"))
+    if m.qk_norm:
+        ts.append(W(f"{prefix}.qk_norm", 2 * hd, 1, n))
+    return [t for t in ts if t.count]
+
+
+# Kimi-K3's MXFP4 experts by GPU (quantization/mxfp4.py): FusedMoE rounds the per-rank intermediate up
+# (create_weights :444-634) and always creates the w13/w2 biases on CUDA (create_bias, :585), in bf16.
+# sm100 (model_overrides/kimi_k3.py:172-190: flashinfer_mxfp4) keeps e2m1 + ue8m0 scales, pads to 128 and
+# turns the biases into float32 plus three float32 scalars per expert (:735-1038). Elsewhere the auto
+# runner upcasts the weights to bf16 and drops the scales (:1115-1136); its triton_kernels import pads to 64.
+MXFP4_RUNTIME_PAD = {"packed": 128, "upcast": 64}
+
+
+def _expert_tensors(e: MoESpec, eh: int, n_moe: int, up: int) -> list[WeightTensor]:
+    W = WeightTensor
+    count, active = n_moe * e.num_experts, e.top_k / e.num_experts
+    if e.mxfp4_packed_archs is None:
+        return [W("moe.experts.w13", up * e.intermediate_size, eh, count, "col", active=active, quantized=True),
+                W("moe.experts.w2", eh, e.intermediate_size, count, "row", active=active, quantized=True)]
+    packed, upcast = e.mxfp4_packed_archs, tuple(a for a in ("sm80", "sm89", "sm90") if a not in e.mxfp4_packed_archs)
+    ts = []
+    for archs, kind in ((packed, "packed"), (upcast, "upcast")):
+        pad, q = MXFP4_RUNTIME_PAD[kind], kind == "packed"
+        bias_bytes = 4 if q else 2
+        # gate and up padded each: two col-sharded halves of intermediate_size
+        ts += [W("moe.experts.w13", e.intermediate_size, eh, up * count, "col", active=active, quantized=q, pad=pad,
+                 archs=archs),
+               W("moe.experts.w2", eh, e.intermediate_size, count, "row", active=active, quantized=q, pad=pad,
+                 archs=archs),
+               W("moe.experts.w13_bias", e.intermediate_size, 1, up * count, "col", active=0.0, pad=pad,
+                 dtype_bytes=bias_bytes, runtime_copy=True, archs=archs),
+               W("moe.experts.w2_bias", eh, 1, count, active=0.0, dtype_bytes=bias_bytes, runtime_copy=True,
+                 archs=archs)]
+        if q:  # gemm1_alpha, gemm1_beta, gemm1_clamp_limit
+            ts.append(W("moe.experts.gemm1_params", 3, 1, count, active=0.0, dtype_bytes=4, runtime_copy=True,
+                        archs=archs))
+    return ts

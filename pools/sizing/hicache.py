@@ -24,9 +24,9 @@ its full-attention pool: ``build_hybrid_mamba_stack``, ``:1296-1336``), and for 
 mamba host pool over the mamba state pool (``build_mamba_host_pool``, ``:1252-1274``). A ``--hicache-size`` is split
 between the two in proportion to their device bytes (``_split_hicache_size``, ``:234-249``).
 
-The host budget is per rank: ``(host RAM available - 10 GiB) // ranks on the host`` (``pool_host/base.py:84-108``).
-poolsim takes the RAM from ``--host-memory-gib``, else the GPU catalog's typical server of that GPU, and counts
-``tp x dp`` ranks on one host.
+The host budget is per rank: ``(host RAM available - 10 GiB) // ranks on the host`` (``pool_host/base.py:84-108``;
+``ranks_per_host`` is the launch's world size over ``--nnodes``, ``:68-81``). poolsim takes the RAM from
+``--host-memory-gib``, else the GPU catalog's typical server of that GPU.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def _kv_host_pool(kv_pool: KVCache, ratio: float, host_size: float, page_size: i
 
 
 def plan_hicache(args: ServerArgs, gpu: GPUSpec, kv_pool: KVCache, mamba_pool: MambaPool | None,
-                 model_name: str, is_swa: bool = False, is_dsa: bool = False) -> tuple[HiCachePlan, list[str]]:
+                 model_name: str, is_swa: bool = False, is_dsa: bool = False,
+                 ranks_per_host: int | None = None) -> tuple[HiCachePlan, list[str]]:
     """The host pools of one rank over its device pools; (plan, SGLang's warnings). Raises ``SizingError`` where
     SGLang refuses (host memory short, bad flags)."""
     if is_swa or is_dsa:
@@ -184,7 +185,7 @@ def plan_hicache(args: ServerArgs, gpu: GPUSpec, kv_pool: KVCache, mamba_pool: M
         ram_gib, ram_source = gpu.host_memory_gib, f"catalog: {gpu.host_system}"
     else:
         ram_gib, ram_source = None, "unknown"
-    ranks = args.tp_size * args.dp_size
+    ranks = ranks_per_host if ranks_per_host is not None else args.tp_size * args.dp_size
     budget = host_memory_budget_bytes(int(ram_gib * GIB), ranks) if ram_gib is not None else None
     full_pool = kv_pool.full_kv_pool if isinstance(kv_pool, HybridLinearKVPool) else kv_pool
     page = kv_pool.page_size

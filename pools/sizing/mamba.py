@@ -13,7 +13,8 @@ from poolsim.pools.sizing.server_args import ServerArgs
 
 MAMBA_BASE_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, kv_cache_configurator.py:234
 MAMBA_CONV_DTYPE = "bfloat16"  # SGLANG_MAMBA_CONV_DTYPE default, environ.py:1628
-MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "Qwen3NextForCausalLM", "NemotronHForCausalLM",  # overrides.py:403
+MAMBA_EXTRA_BUFFER_ARCHS = {"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration",  # overrides.py:402-432
+                            "Qwen3NextForCausalLM", "NemotronHForCausalLM",
                             "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                             "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM"}
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
@@ -63,17 +64,42 @@ def mamba_cache_params(model: ModelConfig, tp: int, ssm_dtype_flag: str | None) 
                             ssm_dtype=ssm_dtype)
 
 
-def split_mamba_budget(rest_gib: float, per_slot_bytes: int, mamba_full_memory_ratio: float) -> tuple[int, float]:
-    """The default branch of _handle_max_mamba_cache (kv_cache_configurator.py:3366-3409), no spec decoding.
+def split_mamba_budget(rest_gib: float, per_slot_bytes: int, mamba_full_memory_ratio: float,
+                       spec_draft_tokens: int | None = None, ratio: int = 1,
+                       max_running_requests: int | None = None) -> tuple[int, float]:
+    """The default branch of _handle_max_mamba_cache (kv_cache_configurator.py:3345-3409).
 
-    Returns (max_mamba_cache_size, rest_gib left for KV). Float GiB arithmetic in SGLang's order.
+    Returns (max_mamba_cache_size, rest_gib left for KV). Float GiB arithmetic in SGLang's order. With speculative
+    decoding (``spec_draft_tokens`` D) the slots and the verify buffers are solved together (:3356-3376):
+    ``K = int((budget - per_req (1 + D)) // (per_req (1 + D / ratio)))``, and the buffers of
+    ``min(max_running_requests, K // ratio) + 1`` requests, ``per_req x D`` each, leave the budget too.
     """
     r = mamba_full_memory_ratio
     mamba_budget = rest_gib * r / (1 + r)  # GiB: r/(1+r) of rest goes to state
     mamba_budget_bytes = mamba_budget * (1 << 30)  # B
+    if spec_draft_tokens:
+        d = spec_draft_tokens
+        max_mamba_cache_size = int((mamba_budget_bytes - per_slot_bytes * (1 + d))
+                                   // (per_slot_bytes * (1 + d / ratio)))
+        rest_gib = rest_gib - spec_verify_state_bytes(per_slot_bytes, d, max_mamba_cache_size, ratio,
+                                                      max_running_requests) / (1 << 30)
+        return max_mamba_cache_size, rest_gib - _mamba_state_gib(max_mamba_cache_size, per_slot_bytes)
     # slots: floor(budget / slot) - 1, the padding slot paid for
     max_mamba_cache_size = int((mamba_budget_bytes - per_slot_bytes) // per_slot_bytes)
     return max_mamba_cache_size, rest_gib - _mamba_state_gib(max_mamba_cache_size, per_slot_bytes)
+
+
+def spec_verify_reqs(max_mamba_cache_size: int, ratio: int, max_running_requests: int | None) -> int:
+    """The requests whose verify buffers SGLang reserves: min(max(1, max_running_requests), slots // ratio)."""
+    return min(max(1, max_running_requests or 1), max_mamba_cache_size // ratio)
+
+
+def spec_verify_state_bytes(per_slot_bytes: int, draft_tokens: int, max_mamba_cache_size: int, ratio: int,
+                            max_running_requests: int | None) -> int:
+    """The intermediate SSM and conv-window states a verify pass writes, as SGLang budgets them:
+    ``per_req x (capped_reqs + 1) x D`` (kv_cache_configurator.py:3305-3323, :3366-3376)."""
+    capped = spec_verify_reqs(max_mamba_cache_size, ratio, max_running_requests)
+    return per_slot_bytes * (capped + 1) * draft_tokens
 
 
 def _mamba_state_gib(max_mamba_cache_size: int, per_slot_bytes: int) -> float:

@@ -3,7 +3,8 @@
 A configurator knows the pool its model gets (MHA, MLA, the hybrid linear-attention pool, DSA's latent +
 index-K pool, or the full + SWA pair), the bytes one token costs there, and how a byte budget becomes
 token counts. ``pool_configurator`` picks one the way ``create_memory_pool_configurator`` (``:1715-1725``)
-does.
+does. With an EAGLE/STANDALONE draft (``draft_layers`` > 0) the byte budget is shared with the draft's pool of the
+same token count: the cell the budget divides by grows by the draft's share (``draft_cell_size``).
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ class PoolSizes:
 
 
 class DefaultPoolConfigurator:
-    """``DefaultPoolConfigurator`` (``:637``): tokens = bytes // cell, page-floored."""
+    """``DefaultPoolConfigurator`` (``:637``): tokens = bytes // cell, page-floored.
 
-    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str):
+    An EAGLE/STANDALONE draft of ``draft_layers`` layers adds ``int(cell x draft_layers / layers)`` to the cell
+    (``:255-314``): layer-count scaling, which assumes the draft's per-layer KV size is the target's; ``layers``
+    are the full-attention layers (hybrids: mambaish ``full_attention_layer_ids``, ``:228-237``)."""
+
+    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, draft_layers: int = 0):
         self.model = model
         self.tp = tp
         self.page_size = page_size
         self.dtype = dtype
+        self.draft_layers = draft_layers
 
     def kv_pool(self, size: int, swa_size: int | None = None) -> KVCache:
         m, tp, page, dtype = self.model, self.tp, self.page_size, self.dtype
@@ -59,9 +65,20 @@ class DefaultPoolConfigurator:
             return MLATokenToKVPool(size, page, dtype, m.kv_lora_rank, m.qk_rope_head_dim, layers)
         return MHATokenToKVPool(size, page, dtype, heads, m.head_dim, layers, v_head_dim=m.v_head_dim)
 
-    def cell_size(self) -> float:
-        """Bytes per token of max_total_num_tokens on one rank."""
+    def target_cell_size(self) -> float:
+        """Bytes per token of the target's own pool on one rank."""
         return self.kv_pool(0).cell_size_bytes()
+
+    def draft_cell_size(self) -> float:
+        """What the draft adds to the cell the budget divides by (0 without a draft)."""
+        layers = len(self.model.full_attention_layer_ids)
+        if self.draft_layers <= 0 or layers <= 0:
+            return 0
+        return int(self.target_cell_size() * self.draft_layers / layers)  # pool_configurator.py:304-312
+
+    def cell_size(self) -> float:
+        """Bytes per token of max_total_num_tokens on one rank: the target's, plus the draft's share."""
+        return self.target_cell_size() + self.draft_cell_size()
 
     def calculate_pool_sizes(self, available_bytes: int) -> PoolSizes:
         return PoolSizes(floor_page(int(available_bytes // self.cell_size()), self.page_size))
@@ -80,8 +97,9 @@ class DSAPoolConfigurator(DefaultPoolConfigurator):
     the raw ``kv_lora_rank + rope`` elements.
     """
 
-    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, gpu_arch: str):
-        super().__init__(model, tp, page_size, dtype)
+    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, gpu_arch: str,
+                 draft_layers: int = 0):
+        super().__init__(model, tp, page_size, dtype, draft_layers)
         self.scaled_layout = dtype == "fp8_e4m3" and gpu_arch not in ("sm100", "gfx942")
 
     @property
@@ -98,6 +116,17 @@ class DSAPoolConfigurator(DefaultPoolConfigurator):
                                 len(m.full_attention_layer_ids), m.dsa.index_head_dim,
                                 kv_cache_dim_bytes=self.latent_row_bytes)
 
+    def draft_cell_size(self) -> float:
+        """pool_configurator.py:274-302: the latent part scaled by layers, plus the index-K rows of every draft
+        layer."""
+        layers = len(self.model.full_attention_layer_ids)
+        if self.draft_layers <= 0 or layers <= 0:
+            return 0
+        pool = self.kv_pool(0)
+        indexer = pool.index_row_bytes * layers
+        latent = pool.cell_size_bytes() - indexer
+        return int(latent * self.draft_layers / layers) + pool.index_row_bytes * self.draft_layers
+
 
 class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
     """``HybridSWAPoolConfigurator`` (``:655-916``): one budget split between a full and an SWA pool.
@@ -106,8 +135,9 @@ class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
     ``swa = floor_page(int(full * ratio))``; an SWA pool no larger than ``window + page`` is refused.
     """
 
-    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, ratio: float):
-        super().__init__(model, tp, page_size, dtype)
+    def __init__(self, model: ModelConfig, tp: int, page_size: int, dtype: str, ratio: float,
+                 draft_layers: int = 0):
+        super().__init__(model, tp, page_size, dtype, draft_layers)
         if not 0 < ratio <= 1:  # arg_groups/kv_cache_hook.py:427
             raise SizingError(f"--swa-full-tokens-ratio {ratio} is not in (0, 1]")
         self.ratio = ratio
@@ -129,11 +159,19 @@ class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
         return (full.head_num * (full.head_dim + full.v_head_dim) * full.store_bytes,
                 swa.head_num * (swa.head_dim + swa.v_head_dim) * swa.store_bytes)
 
-    def cell_size(self) -> float:
+    def target_cell_size(self) -> float:
         full_tok, swa_tok = self.per_token()
         if not self.full_layer_ids:  # all-SWA: the ratio is not used (:786-803)
             return swa_tok * len(self.swa_layer_ids)
         return full_tok * len(self.full_layer_ids) + self.ratio * swa_tok * len(self.swa_layer_ids)
+
+    def draft_cell_size(self) -> float:
+        """A draft without windowed layers of its own sits on the full side (``_draft_full_layers_num``,
+        :733-759; ``_recompute_cell_size``, :778-803)."""
+        return self.per_token()[0] * max(self.draft_layers, 0)
+
+    def cell_size(self) -> float:
+        return self.target_cell_size() + self.draft_cell_size()
 
     def calculate_pool_sizes(self, available_bytes: int) -> PoolSizes:
         return self.from_max_tokens(int(available_bytes // self.cell_size()))
@@ -154,9 +192,11 @@ class HybridSWAPoolConfigurator(DefaultPoolConfigurator):
 
 
 def pool_configurator(model: ModelConfig, tp: int, page_size: int, dtype: str, *, gpu_arch: str = "sm90",
-                      swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO) -> DefaultPoolConfigurator:
+                      swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
+                      draft_layers: int = 0) -> DefaultPoolConfigurator:
+    """``draft_layers``: the EAGLE/STANDALONE draft's ``eagle_draft_num_layers`` (0: no draft)."""
     if model.is_hybrid_swa:
-        return HybridSWAPoolConfigurator(model, tp, page_size, dtype, swa_full_tokens_ratio)
+        return HybridSWAPoolConfigurator(model, tp, page_size, dtype, swa_full_tokens_ratio, draft_layers)
     if model.dsa is not None:
-        return DSAPoolConfigurator(model, tp, page_size, dtype, gpu_arch)
-    return DefaultPoolConfigurator(model, tp, page_size, dtype)
+        return DSAPoolConfigurator(model, tp, page_size, dtype, gpu_arch, draft_layers)
+    return DefaultPoolConfigurator(model, tp, page_size, dtype, draft_layers)

@@ -27,6 +27,8 @@ ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", 
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
                    "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
+GEMMA4_ARCHS = {"Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"}
+LLAMA4_ARCHS = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
 QWEN3_5_HYBRID_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",  # model_overrides/qwen3_5.py:17
                         "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 
@@ -78,18 +80,30 @@ def default_mem_fraction_static(model: ModelConfig, gpu: GPUSpec, args: ServerAr
         activation_tokens = max(args.max_prefill_tokens, 2048)
     reserved = 512  # MiB: constant metadata (attention backend)
     reserved += activation_tokens * 1.5  # MiB: activations
-    reserved += tp * 1 / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes
+    reserved += tp * args.pp_size / 8 * 1024  # MiB: tp * pp / 8 GiB for large parallel sizes (memory_hook.py:312)
     reserved += _reserve_for_graph_mib(model, gpu, args, decode_max_bs, chunked_prefill_size)  # MiB
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)  # MiB: a 10 GiB floor on big cards
-    return round((gpu_mem - reserved) / gpu_mem, 3)
+    fraction = round((gpu_mem - reserved) / gpu_mem, 3)
+    if model.is_multimodal and model.vit_size is not None:
+        fraction = fraction * vlm_mem_fraction_factor(*model.vit_size)  # memory_hook.py:330-337
+    return fraction
+
+
+def vlm_mem_fraction_factor(vit_layers: int, vit_hidden: int) -> float:
+    """adjust_mem_fraction_for_vlm (memory_hook.py:417-465): 0.95, times 10 % less per 100 % more ViT weight than
+    ViT-L/14 (24 layers of 1024), clamped to [0.8, 1.05]."""
+    ratio = vit_layers * vit_hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
 def prefill_cuda_graph_on(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> bool:
     # breakable prefill graphs are the CUDA default (cuda_graph_config.py:119); KDA models turn them
-    # off (cuda_graph_hook.py:160-170), and so does --disable-prefill-cuda-graph
+    # off (cuda_graph_hook.py:183-191), so do multimodal models off the breakable-graph allowlist
+    # (:229-237; Gemma 4), and so does --disable-prefill-cuda-graph
     return gpu.vendor == "nvidia" and not args.disable_cuda_graph and not args.disable_prefill_cuda_graph and not (
-        model.linear_attn is not None and model.linear_attn.kind == "kda")
+        model.linear_attn is not None and model.linear_attn.kind == "kda") and not (
+        model.is_multimodal and not model.multimodal_prefill_graph)
 
 
 def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill_size: int) -> float:
@@ -97,11 +111,17 @@ def _reserve_for_graph_mib(model, gpu, args, decode_max_bs: int, chunked_prefill
     reserved = 0.0
     if not args.disable_cuda_graph:
         reserved += decode_max_bs * 2  # MiB: decode graphs
+    if args.attn_dp_size > 1:  # memory_hook.py:370-378: DP attention's padding, MiB
+        reserved += decode_max_bs * args.attn_dp_size * 3
+        if decode_max_bs > 300:
+            reserved += decode_max_bs * args.attn_dp_size * 1.5
     if prefill_cuda_graph_on(model, gpu, args):
         if model.use_mla:
             reserved += 1.5 * 1024  # MiB: MLA prefill graph overhead
         else:
             max_bs = chunked_prefill_size
+            if args.pp_size > 1:  # PP captures up to 8192 tokens (memory_hook.py:243-250, :25)
+                max_bs = min(max_bs, 8192)
             if args.max_total_tokens is not None:
                 max_bs = min(max_bs, args.max_total_tokens)
             reserved += len(prefill_cuda_graph_bs(max_bs)) * 8  # MiB per captured prefill size
@@ -120,23 +140,27 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
         return args.attention_backend or "dsa", 64
     if args.attention_backend is not None:
         backend = args.attention_backend
-    elif model.architecture == "GptOssForCausalLM":  # model_overrides/gpt_oss.py
+    elif model.architecture in GEMMA4_ARCHS:  # model_overrides/gemma4.py:30-44
+        backend = "trtllm_mha" if gpu.arch == "sm100" else "triton"
+    elif model.architecture in LLAMA4_ARCHS or model.architecture == "GptOssForCausalLM":
+        # model_overrides/llama4.py:22-37, model_overrides/gpt_oss.py
         backend = {"sm100": "trtllm_mha", "sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "triton")
     elif gpu.arch == "sm100" and model.architecture in ("Lfm2ForCausalLM", "GraniteMoeHybridForCausalLM"):
         backend = "flashinfer"  # model_overrides/lfm2.py, granitemoehybrid.py (Granite: with mamba layers)
+    elif gpu.arch == "sm100" and model.architecture == "KimiK3ForConditionalGeneration":
+        backend = "trtllm_mla"  # model_overrides/kimi_k3.py:122-135 (prefill and decode)
     elif gpu.arch == "sm100" and model.architecture == "DeepseekV3ForCausalLM":
         backend = "trtllm_mla"  # arg_groups/model_overrides/deepseek_v2.py:176-186
     elif gpu.arch == "sm100" and model.architecture in QWEN3_5_HYBRID_ARCHS:
-        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 unless the radix cache runs without
-        # the extra buffer (then page 1 and triton)
-        no_buffer_radix = not extra_buffer and not args.disable_radix_cache
-        return ("triton", 1) if no_buffer_radix else ("trtllm_mha", 64)
+        # model_overrides/qwen3_5.py:24-48: trtllm_mha at page 64 when the default backend is trtllm_mha, unless
+        # the radix cache runs without the extra buffer and without speculation (then page 1 and triton)
+        no_buffer_radix = not extra_buffer and not args.disable_radix_cache and args.speculative_algorithm is None
+        trtllm = _mha_default_backend(model, gpu, args) == "trtllm_mha"
+        return ("trtllm_mha", 64) if trtllm and not no_buffer_radix else ("triton", 1)
     elif gpu.arch == "sm100" and model.architecture == "NemotronHForCausalLM":
         backend = "trtllm_mha"  # model_overrides/nemotron_h.py:142-143
     elif not model.use_mla:
-        backend = {"sm90": "fa3", "gfx942": "aiter"}.get(gpu.arch, "flashinfer")
-        if gpu.arch == "sm100":
-            backend = "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
+        backend = _mha_default_backend(model, gpu, args)
     else:
         backend = {"sm90": "fa3", "sm100": "flashinfer"}.get(gpu.arch, "triton")
         if gpu.arch == "gfx942":
@@ -144,6 +168,22 @@ def resolve_attention_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs
     if backend == "fa3" and args.kv_cache_dtype == "fp8_e5m2":
         backend = "triton"  # overrides.py:1272-1280
     return backend, None
+
+
+def _mha_default_backend(model: ModelConfig, gpu: GPUSpec, args: ServerArgs) -> str:
+    """get_default_attn_backend for MHA (model_override_base.py:300-330). It runs before the speculative hook, so
+    it sees the flags as given: fa3 on Hopper and trtllm_mha/fa4 on Blackwell need topk unset, or 1 at page 1
+    (is_no_spec_infer_or_topk_one, utils/common.py:3960-3966); Blackwell's also needs speculation off or topk
+    given. Otherwise FlashInfer."""
+    topk = args.speculative_eagle_topk
+    no_spec_or_topk_one = topk is None or (topk == 1 and args.page_size == 1)
+    if gpu.arch == "sm90":
+        return "fa3" if no_spec_or_topk_one else "flashinfer"
+    if gpu.arch == "sm100":
+        if no_spec_or_topk_one and (args.speculative_algorithm is None or topk is not None):
+            return "fa4" if model.head_dim != model.v_head_dim else "trtllm_mha"
+        return "flashinfer"
+    return {"gfx942": "aiter"}.get(gpu.arch, "flashinfer")
 
 
 def resolve_page_size(model: ModelConfig, gpu: GPUSpec, backend: str, page_size: int) -> int:

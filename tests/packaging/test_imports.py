@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = {"pools", "sim", "traces", "reports", "kernels", "app", "cli", "compiled"}
+OWN = {"pools", "sim", "traces", "reports", "kernels", "app", "telemetry", "cli", "compiled"}
 
 
 def test_no_module_imports_poolsim_code_by_a_bare_top_level_name():

@@ -254,3 +254,10 @@ def test_the_title_names_the_gpu_count_and_parallelism_and_only_flags_that_apply
     assert [r["raw"] for r in c["plan"]] == ["1000"]  # the None fields (no SWA, no mamba, no MLA) are not rows
     hybrid = {**dense, "memory_plan": {**dense["memory_plan"], "mamba": {"max_mamba_cache_size": 10}}}
     assert [f["flag"] for f in configuration(hybrid)["flags"]] == ["--tp-size", "--mamba-track-interval"]
+
+
+def test_a_binary_summary_is_a_one_line_error_not_a_codec_error(run_dirs, tmp_path):
+    run_dir = copy_run(run_dirs, "fits", tmp_path)
+    (run_dir / "summary.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
+    assert one_line_error(render_report, run_dir) == (
+        f"{run_dir / 'summary.json'}: not a text file (binary content where JSON belongs)")

@@ -34,3 +34,33 @@ def test_the_cli_runs_openblas_on_one_thread_unless_told_otherwise():
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_NUM_THREADS": "4"}, cwd=root,
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "4"
+
+
+def test_every_commands_help_keeps_bracketed_text_and_shows_flags_as_switches():
+    import click
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from poolsim.cli import app
+
+    root = get_command(app)
+    runner = CliRunner()
+
+    def commands(group, path):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, [*path, name])
+            else:
+                yield [*path, name], cmd
+
+    checked = 0
+    for path, cmd in commands(root, []):
+        out = runner.invoke(app, [*path, "--help"], terminal_width=400).output
+        assert "<bool>" not in out and "BOOLEAN" not in out, path  # a switch takes no value: no `--quiet true`
+        flat = " ".join(out.split())
+        for param in cmd.params:
+            text = " ".join((getattr(param, "help", None) or "").split())
+            if "[" in text:
+                assert text in flat, (path, param.name)  # no markup renderer ate "[ray]" or "[max(L*r,1), L]"
+                checked += 1
+    assert checked >= 2  # --ray and --random-range-style hold brackets: the check above ran

@@ -119,3 +119,26 @@ def test_columns_built_by_numpy_keep_pandas_dtypes():
     assert [str(got[c].dtype) for c in cols] == ["float64", "int64", "object", "uint64", "str"]
     assert got["mixed"].tolist() == [1.0, 2.5] and got["big"].tolist() == [big, 1]
     assert got["bool_int"].tolist() == [True, 3] and got["text"].tolist() == ["a", "b"]
+
+
+def test_the_engine_records_typed_step_rows(monkeypatch):
+    """Every step row is a StepRow whose values have their fields' types (an int where a float is declared is
+    fine, as Python's typing allows); the step table's columns are its fields."""
+    import typing
+
+    from poolsim.sim import metrics
+    from poolsim.sim.scheduler import SchedulerConfig
+    from tests.helpers import TraceReq, run_sim
+
+    assert metrics.STEP_COLUMNS == metrics.StepRow._fields
+    rows = []
+    monkeypatch.setattr(metrics.Recorder, "on_step", lambda self, row: (rows.append(row), self.steps.append(row)))
+    config = SchedulerConfig(page_size=4, max_total_num_tokens=64, max_running_requests=4, context_len=64,
+                             chunked_prefill_size=8, enable_overlap=True)
+    trace = [TraceReq(i, 0.01 * i, [1 + i % 2] * 12 + [50 + i], 5) for i in range(6)]
+    steps, _, _ = run_sim(trace, config)
+    assert len(rows) == len(steps) > 10 and all(type(r) is metrics.StepRow for r in rows)
+    allowed = {int: (int,), float: (int, float), str: (str,)}
+    for name, hint in typing.get_type_hints(metrics.StepRow).items():
+        assert {type(getattr(r, name)) for r in rows} <= set(allowed[hint]), name
+    assert list(steps.columns) == list(metrics.STEP_COLUMNS)

@@ -1,10 +1,14 @@
 """Waiting-queue order (docs/sglang.md 0.1 and schedule_policy.py): fcfs keeps arrival order, lpm sorts by
 cached prefix, defers a request whose prefix another waiting request brings, and falls back to fcfs past 128."""
 
+import random
+
+import pytest
+
 from poolsim.pools import RadixCache, RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
 from poolsim.sim.req import Req
 from poolsim.sim.schedule_policy import SchedulePolicy
-from tests.helpers import TraceReq
+from tests.helpers import TraceReq, tree_state
 
 
 def tree_with(tokens):
@@ -78,3 +82,50 @@ def test_token_ids_past_the_prompt_are_prompt_then_outputs_and_read_only():
     assert not r.token_ids(5).flags.writeable
     r.drop_token_cache()
     assert r.token_ids(5).tolist() == [7, 8, 9, -3_000_001, -3_000_002]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_waiting_refresh_with_carried_hints_equals_whole_matches_from_the_root(seed):
+    """``_touch_waiting_prefixes`` (hints kept per waiting request, dropped when its seqlen changes) against
+    ``_touch_waiting_prefixes_reference`` over random queues (arrivals, admissions, readmissions at the front
+    with more tokens, more than 128 waiting) and trees that change between refreshes (inserts, some of a waiting
+    request's own longer key, evictions): the same tree after every refresh."""
+    rng = random.Random(seed)
+    bases = [[rng.randrange(1, 5) for _ in range(24)] for _ in range(4)]
+    prompts = [rng.choice(bases)[: rng.randint(0, 24)] + [rng.randrange(1, 5) for _ in range(rng.randint(1, 16))]
+               for _ in range(200)]
+    worlds = []
+    for _ in range(2):
+        tree = RadixCache(ReqToTokenPool(4, 256), TokenToKVPoolAllocator(600))
+        worlds.append((tree, SchedulePolicy("fcfs", tree), [req(i, p) for i, p in enumerate(prompts)], []))
+    refreshes, calls = 0, 0
+    for _ in range(32 * 60):
+        op, i, n = rng.random(), rng.randrange(len(prompts)), rng.randint(1, 40)
+        for w, (tree, policy, reqs, queue) in enumerate(worlds):
+            alloc = tree.token_to_kv_pool_allocator
+            if op < 0.3:
+                queue.append(reqs[i])  # an arrival (a request may wait twice: the refresh does not mind)
+            elif op < 0.4 and queue:
+                queue.pop(i % len(queue))  # admitted
+            elif op < 0.5 and queue:
+                r = queue.pop(i % len(queue))
+                r.num_output += n % 3  # retracted with outputs: back at the front, longer
+                queue.insert(0, r)
+            elif op < 0.65:
+                r = queue[i % len(queue)] if queue and n % 2 else reqs[i]
+                key = r.token_ids(r.seqlen)
+                if alloc.available_size() < len(key):
+                    tree.evict(len(key))
+                if alloc.available_size() >= len(key):
+                    tree.insert(RadixKey(key), alloc.alloc(len(key)))
+            elif op < 0.7:
+                tree.evict(n)
+            if w == 0:
+                policy.calc_priority(queue)
+            else:
+                policy._touch_waiting_prefixes_reference(queue)
+        if worlds[0][1]._refresh_calls != calls and calls % 32 == 0:  # a refresh pass just ran
+            refreshes += 1
+            assert tree_state(worlds[0][0]) == tree_state(worlds[1][0]), refreshes
+        calls = worlds[0][1]._refresh_calls
+    assert refreshes >= 40 and tree_state(worlds[0][0]) == tree_state(worlds[1][0])

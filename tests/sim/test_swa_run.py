@@ -91,5 +91,5 @@ def test_a_decode_retraction_the_swa_pool_forced_is_attributed_to_the_swa_pool()
     assert s["first_retraction"] == {"time_s": pytest.approx(0.18), "running": 2, "kv_tokens_held": 50,
                                      "pool": "swa"}
     assert "because the next decode step needed more SWA KV than was free: first at t=0.2 s, when 2 running " \
-           "requests held 100% of 50 SWA KV tokens." in s["verdict"]
-    assert "SWA KV tokens bind first: ran out at t=0.2 s, peak 100%." in s["verdict"]
+           "requests held 100.0% of 50 SWA KV tokens." in s["verdict"]
+    assert "SWA KV tokens bind first: ran out at t=0.2 s, peak 100.0%." in s["verdict"]

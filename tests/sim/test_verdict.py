@@ -62,7 +62,7 @@ def test_cannot_keep_up_when_arrivals_outpace_service():
     assert (s["aborted"], s["retractions"]) == (0, 0)
     assert (s["verdict_status"], s["verdict_failures"]) == ("does_not_fit", "cannot_keep_up")
     assert s["verdict"].startswith("DOES NOT FIT: it cannot keep up: the median request waited 1.8 s for "
-                                   "admission (63% of its latency) and 5 of 8 requests (62%) were unfinished")
+                                   "admission (63.3% of its latency) and 5 of 8 requests (62.5%) were unfinished")
 
 
 def test_a_burst_has_no_arrival_rate_to_keep_up_with():
@@ -96,7 +96,7 @@ def test_retractions_are_named_with_when_and_why():
     assert s["first_retraction"]["time_s"] == pytest.approx(0.14)
     assert s["first_eviction_s"] == pytest.approx(0.14)
     assert "Retracted 1 request (1 retraction) because the next decode step needed more KV than was free: " \
-           "first at t=0.1 s, when 2 running requests held 97% of 33 KV tokens." in s["verdict"]
+           "first at t=0.1 s, when 2 running requests held 97.0% of 33 KV tokens." in s["verdict"]  # 32/33
     assert "Evicted 17 cached prefix tokens to make room in the KV pool, first at t=0.1 s." in s["verdict"]
 
 
@@ -130,7 +130,7 @@ def test_verdict_counts_have_thousands_separators():
          "pools": {"kv": {"capacity": 1000, "peak_used_frac": 1.0}}, "binding_pool": "kv"}
     text = verdict(s)
     assert "1,200 of 12,031 requests aborted" in text
-    assert "7,795 of 12,031 requests (65%) were unfinished" in text
+    assert "7,795 of 12,031 requests (65.0%) were unfinished" in text  # backlog_frac_at_last_arrival 0.65
 
 
 def test_evictions_for_mamba_state_slots_name_that_pool():

@@ -62,7 +62,7 @@ def test_an_unknown_variant_is_refused_naming_the_field(tmp_path, field, value):
 
 
 def test_an_unknown_non_causal_lm_is_refused(tmp_path):
-    r, _ = plan_exit(tmp_path, llama_cfg(architectures=["Gemma4ForConditionalGeneration"]))
+    r, _ = plan_exit(tmp_path, llama_cfg(architectures=["Step3VLForConditionalGeneration"]))
     assert r.exit_code == 2 and "is not a causal LM" in r.output
 
 

@@ -19,8 +19,16 @@ def test_catalog_covers_the_issue_gpus_with_datasheet_figures():
 def test_custom_gpu_from_flags_and_its_errors():
     g = GPUSpec.custom("mine", memory_gib=48, bandwidth_tbs=1.0, bf16_tflops=200, fp8_tflops=400, arch="sm89")
     assert (g.total_bytes, g.hbm_bandwidth, g.bf16_flops, g.fp8_flops) == (48 * 2**30, 1e12, 200e12, 400e12)
-    with pytest.raises(ValueError, match="custom GPU needs positive memory"):
+    with pytest.raises(ValueError, match="--gpu-memory-gib 0: a custom GPU needs a finite number > 0"):
         GPUSpec.custom(memory_gib=0)
+    for flag, kwargs in (("--gpu-memory-gib inf", {"memory_gib": float("inf")}),
+                         ("--gpu-memory-gib nan", {"memory_gib": float("nan")}),
+                         ("--gpu-bandwidth-tbs 0", {"bandwidth_tbs": 0.0}),
+                         ("--gpu-bf16-tflops -1", {"bf16_tflops": -1.0})):
+        with pytest.raises(ValueError, match=f"^{flag}: a custom GPU needs a finite number > 0$"):
+            GPUSpec.custom(**kwargs)
+    with pytest.raises(ValueError, match=r"^--gpu-memory-gib 1e\+12: more than any accelerator has \(10,000 GiB\)$"):
+        GPUSpec.custom(memory_gib=1e12)
     with pytest.raises(ValueError, match="custom GPU arch 'sm75' is not one of"):
         GPUSpec.custom(arch="sm75")
     with pytest.raises(ValueError, match=r"^--gpu 'v100' is not in the catalog; known: h100, "):

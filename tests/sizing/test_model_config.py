@@ -20,7 +20,10 @@ def test_catalog_has_the_issue_models_and_the_r1_alias():
                      "kimi-k2", "kimi-linear-48b-a3b", "qwen3-next-80b-a3b", "nemotron-3-nano-30b-a3b",
                      # issue #14
                      "qwen3.5-9b", "qwen3.5-397b-a17b", "lfm2-700m", "glm-4.7-flash", "grok-2", "gpt-oss-20b",
-                     "gpt-oss-120b", "gemma-3-27b", "deepseek-v3.2"}
+                     "gpt-oss-120b", "gemma-3-27b", "deepseek-v3.2",
+                     # issue #37
+                     "kimi-k3", "gemma-4-31b", "gemma-4-26b-a4b", "glm-5", "qwen3.6-35b-a3b", "llama-4-scout-17b-16e",
+                     "nemotron-3-super-120b-a12b"}
     r1 = ModelConfig.load("deepseek-r1")
     assert r1.name == "deepseek-r1" and r1.architecture == "DeepseekV3ForCausalLM"
     assert r1.kv_lora_rank == 512 and r1.num_hidden_layers == 61

@@ -63,9 +63,10 @@ def test_large_hash_ids_are_folded(write):
     ('{"timestamp": "soon", "input_length": 10, "output_length": 1, "hash_ids": [1]}',
      "field 'timestamp': must be a number, got 'soon'"),
     ('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": 7}',
-     "field 'hash_ids': must be a list of integers, got int"),
+     "field 'hash_ids': must be a list of integers, got a number"),
     ('{"timestamp": 100, "input_length": 10, "output_length": 1, ', "invalid JSON: "),
-    ('[1, 2]', "expected a JSON object, got list"),
+    ('[1, 2]', "expected a JSON object, got an array"),
+    ('null', "expected a JSON object, got null"),
 ])
 def test_bad_line_names_file_line_and_field(write, line2, message):
     path = write('{"timestamp": 200, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n' + line2 + "\n")

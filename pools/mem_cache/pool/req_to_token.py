@@ -129,6 +129,19 @@ class ReqToTokenPool:
         else:
             self._flat.put(flat, values)
 
+    def write_decode_reference(self, kvs: list[ReqKvInfo], values) -> None:
+        """``write_decode`` as SGLang writes it (``req_to_token_pool.write((req_pool_indices, locs), out)``): each
+        request's slot at ``req_to_token[row, kv_committed_len]``, one by one, no stamps. The test that the two
+        agree is tests/pools/test_fast_paths.py."""
+        for kv in kvs:
+            if kv.req_pool_idx is None:
+                raise PoolError("a decode write for a request that holds no row")
+            pos = kv.kv_committed_len
+            if not 0 <= pos < self.max_context_len:
+                raise PoolError(f"write past max_context_len {self.max_context_len} (to position {pos})")
+        for kv, value in zip(kvs, values):
+            self.req_to_token[kv.req_pool_idx, kv.kv_committed_len] = int(value)
+
     def check_integrity(self) -> None:
         free = self.free_slots
         if len(set(free)) != len(free):

@@ -131,10 +131,21 @@ class Family(ABC):
     def mha(self) -> dict:
         heads = self.need_int("num_attention_heads")
         head_dim = self.cfg.get("head_dim")
-        head_dim = self.need_int("hidden_size") // heads if head_dim is None else self.check_int(head_dim, "head_dim")
+        if head_dim is None:  # SGLang's default: hidden_size // num_attention_heads, which must then divide evenly
+            hidden = self.need_int("hidden_size")
+            if hidden % heads:
+                raise ValueError(f"{self.source}: field '{self.prefix}hidden_size' {hidden} is not divisible by "
+                                 f"'{self.prefix}num_attention_heads' {heads}, and no 'head_dim' is given")
+            head_dim = hidden // heads
+        else:
+            head_dim = self.check_int(head_dim, "head_dim")
         v_head_dim = self.get_int("v_head_dim", head_dim, minimum=1)
+        kv_heads = self.get_int("num_key_value_heads", heads, minimum=1)
+        if heads % kv_heads:  # GQA: each KV head serves a whole group of query heads
+            raise ValueError(f"{self.source}: field '{self.prefix}num_key_value_heads' {kv_heads} does not divide "
+                             f"'{self.prefix}num_attention_heads' {heads}")
         return dict(attention_arch="mha", head_dim=head_dim, v_head_dim=v_head_dim,
-                    num_key_value_heads=self.get_int("num_key_value_heads", heads, minimum=1),
+                    num_key_value_heads=kv_heads,
                     attention_bias=bool(self.get("attention_bias", self.arch == "Qwen2ForCausalLM")),
                     qk_norm=self.cfg.get("model_type") in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text",
                                                              "qwen3_5_moe_text"))

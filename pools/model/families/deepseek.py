@@ -1,6 +1,6 @@
-"""MLA + MoE decoders on DeepSeek-V2's attention (``models/deepseek_v2.py``, ``glm4_moe_lite.py``).
+"""MLA + MoE decoders on DeepSeek-V2's attention (``models/deepseek_v2.py``, ``glm4_moe_lite.py``, ``glm4_moe.py``).
 
-DeepSeek-V3.2 adds the DSA indexer (``layers/attention/dsa/dsa_indexer.py``): its weights per layer and
+DeepSeek-V3.2 and GLM-5 add the DSA indexer (``layers/attention/dsa/dsa_indexer.py``): its weights per layer and
 the index-key cache its pool keeps beside the latent KV.
 """
 
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from poolsim.pools.model.config import DSASpec, MoESpec, WeightTensor
 from poolsim.pools.model.families.base import Family
+
+
+DSA_ARCHS = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 
 
 class DeepseekV2(Family):
@@ -22,7 +25,9 @@ class DeepseekV2(Family):
                       score_bias=self.get("topk_method") == "noaux_tc", router_dtype_bytes=router)
         fields = dict(**self.mla(), layers=self.attention_layers(self.deepseek_sparse_layers(n)),
                       intermediate_size=self.need_int("intermediate_size"), moe=moe)
-        if self.arch == "DeepseekV32ForCausalLM":
+        # GLM-5 (GlmMoeDsaForCausalLM subclasses DeepseekV2ForCausalLM, glm4_moe.py:1284) carries the same
+        # indexer; is_deepseek_dsa keys on the architecture and index_topk (configs/model_config.py:191-212)
+        if self.arch in DSA_ARCHS and self.cfg.get("index_topk") is not None:
             fields.update(self.dsa(n, fields["q_lora_rank"]))
         return fields
 

@@ -1,4 +1,5 @@
-"""Nemotron-H (``configs/nemotron_h.py``): Mamba2, attention, MLP and MoE blocks per ``hybrid_override_pattern``."""
+"""Nemotron-H (``configs/nemotron_h.py``): Mamba2, attention, MLP and MoE blocks per ``hybrid_override_pattern``;
+Nemotron-3 Super's experts work in a ``moe_latent_size``-wide latent."""
 
 from __future__ import annotations
 
@@ -35,7 +36,11 @@ class NemotronH(Family):
                           intermediate_size=self.need_int("moe_intermediate_size"),
                           shared_intermediate_size=self.get_int("moe_shared_expert_intermediate_size", 0)
                           * self.get_int("n_shared_experts", 0),
-                          gated=False, score_bias=True)
+                          gated=False, score_bias=True,
+                          # latent MoE (Nemotron-3 Super): NemotronHMoE builds the experts on moe_latent_size
+                          # between fc1/fc2_latent_proj, ReplicatedLinear with the checkpoint's quant_config
+                          # (models/nemotron_h.py:260-345)
+                          latent_size=self.get_int("moe_latent_size", 0))
         return dict(**self.mha(), layers=tuple(kinds[c] for c in pattern), linear_attn=linear, moe=moe,
                     num_hidden_layers=len(pattern), intermediate_size=self.get_int("intermediate_size", 0),
                     dense_mlp_gated=False, mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from poolsim.pools.model.config import LayerSpec, LinearAttnSpec, MoESpec
 from poolsim.pools.model.families.base import Family
-from poolsim.pools.model.families.vision import qwen3_vl_vision_tensors
+from poolsim.pools.model.families.vision import qwen3_vl_vision_tensors, vit_size
 
 
 class Qwen3Next(Family):
@@ -48,6 +48,11 @@ class Qwen3Next(Family):
         vision = self.top.get("vision_config") if self.arch.endswith("ForConditionalGeneration") else None
         extra = qwen3_vl_vision_tensors(vision, self.source) if vision else ()
         # mamba2_state_dtype reads config.mamba_ssm_dtype, or text_config's (configs/mamba_utils.py:47-107)
+        # the ForConditionalGeneration wrappers are multimodal (configs/model_config.py:2439-2440) and on the
+        # breakable prefill-graph allowlist (:2506-2507)
+        multimodal = self.arch.endswith("ForConditionalGeneration")
         return dict(**self.mha(), layers=layers, linear_attn=linear, moe=moe, intermediate_size=inter,
                     attn_output_gate=bool(self.get("attn_output_gate", True)),
-                    mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"), extra_weights=extra)
+                    mamba_ssm_dtype=self.cfg.get("mamba_ssm_dtype"), extra_weights=extra,
+                    is_multimodal=multimodal, multimodal_prefill_graph=multimodal,
+                    vit_size=vit_size(vision) if vision else None)

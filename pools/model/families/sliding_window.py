@@ -96,4 +96,7 @@ class Gemma3(Family):
         return dict(**attn, layers=_window_layers(windowed, self.need_int("sliding_window"), ["dense"] * n),
                     intermediate_size=self.need_int("intermediate_size"), extra_weights=extra,
                     tie_word_embeddings=bool(self.cfg.get("tie_word_embeddings")),
+                    # Gemma3TextScaledWordEmbedding is an nn.Embedding (gemma3_causal.py:532-566): every rank
+                    # holds the whole table, which the tied LM head shares (:750)
+                    embed_replicated=True,
                     swa=SWASpec(attn["num_key_value_heads"], attn["head_dim"], attn["v_head_dim"], hybrid_pool=False))
