@@ -15,8 +15,8 @@ from poolsim.pools import (
 )
 from poolsim.pools.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from poolsim.pools.mem_cache.hiradix_cache import HiRadixCache
-from poolsim.pools.mem_cache.pool_host.base import HostKVCache
 from poolsim.pools.mem_cache.pool.mamba import MambaCacheParams
+from poolsim.pools.mem_cache.pool_host.base import HostKVCache
 from poolsim.pools.mem_cache.swa_radix_cache import SWARadixCache
 from poolsim.sim.scheduler import Scheduler, SchedulerConfig
 

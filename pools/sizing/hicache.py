@@ -196,7 +196,8 @@ def plan_hicache(args: ServerArgs, gpu: GPUSpec, kv_pool: KVCache, mamba_pool: M
         kv_size = float(args.hicache_size)
         if mamba_pool is not None:  # _split_hicache_size, hybrid_pool_assembler.py:234-249
             kv_b, mamba_b = _device_bytes(full_pool), mamba_pool.mem_usage_bytes()
-            kv_size, mamba_size = args.hicache_size * kv_b / (kv_b + mamba_b), args.hicache_size * mamba_b / (kv_b + mamba_b)
+            kv_size = args.hicache_size * kv_b / (kv_b + mamba_b)
+            mamba_size = args.hicache_size * mamba_b / (kv_b + mamba_b)
     scope = None  # auto-sizing books both pools against one budget (host_memory_budget_scope)
     if r["auto"] and budget is not None:
         device_bytes = _device_bytes(full_pool) + (mamba_pool.mem_usage_bytes() if mamba_pool is not None else 0)

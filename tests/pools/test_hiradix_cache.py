@@ -5,9 +5,6 @@ Every scenario: a 40-token device pool at page size 1 (FIFO free list, docs/sgla
 from 1; a host pool with an exact capacity (host slots from 0, freed ones appended only when the free ones run out).
 A = a 16-token prompt, B = A + 12 more tokens, C = 30 unrelated tokens."""
 
-import numpy as np
-import pytest
-
 from poolsim.pools import ReqToTokenPool, TokenToKVPoolAllocator
 from poolsim.pools.mem_cache.allocation import alloc_for_extend, match_prefix_for_req, release_kv_cache
 from poolsim.pools.mem_cache.hiradix_cache import HiRadixCache

@@ -41,7 +41,8 @@ def conversation_trace(n: int, turns: int, seed: int, gap_s: float, context_len=
         for c in range(n):
             if turn:
                 contexts[c] = contexts[c] + list(20_000 + c * 10_000 + 5_000 + turn * 100 + np.arange(20))
-            out.append(TraceReq(len(out), round(turn * gap_s + c * 0.05, 4), contexts[c], int(rng.integers(*output_len))))
+            arrival = round(turn * gap_s + c * 0.05, 4)
+            out.append(TraceReq(len(out), arrival, contexts[c], int(rng.integers(*output_len))))
     return out
 
 
