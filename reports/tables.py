@@ -239,6 +239,11 @@ SUMMARY_GROUPS = (
     ("First retraction", (
         ("first_retraction.time_s", "at"), ("first_retraction.running", "running requests"),
         ("first_retraction.kv_tokens_held", "KV held"))),
+    ("Speculative decoding", (  # shown only when the run decoded speculatively (the keys are empty otherwise)
+        ("speculative_algorithm", "algorithm"), ("speculative_accept_length_source", "acceptance given"),
+        ("speculative_accept_length", "accept length"), ("speculative_accept_rate", "accept rate"),
+        ("speculative_tokens_per_step", "tokens per decode step"),
+        ("speculative_draft_overhead", "draft share of decode time"))),
 )
 LATENCY_ROWS = (("ttft_s", "time to first token"), ("itl_s", "inter-token latency"), ("e2e_s", "end-to-end"))
 LATENCY_COLS = ("p50", "p90", "p99", "mean")
@@ -250,6 +255,8 @@ def summary_tables(summary: dict) -> dict:
     groups = []
     for title, keys in SUMMARY_GROUPS:
         rows = [_row(f"summary.{k}", label, get_path(summary, k)) for k, label in keys if _has(summary, k)]
+        if title == "Speculative decoding" and not summary.get("speculative_algorithm"):
+            continue
         if title == "First retraction" and summary.get("first_retraction") is None and "first_retraction" in summary:
             rows = [{"link": metric_link("summary.first_retraction.time_s", "first retraction"), "value": "none",
                      "raw": ""}]

@@ -208,8 +208,8 @@ def resolve_speculative(model: ModelConfig, args, load_model=ModelConfig.load) -
     else:
         try:
             draft_base = load_model(path)
-        except ValueError as e:
-            raise SizingError(f"--speculative-draft-model-path: {e}") from None
+        except ValueError as e:  # the loader names --model; the user gave this flag
+            raise SizingError(str(e).replace("--model ", "--speculative-draft-model-path ", 1)) from None
         path_given, source = True, str(path)
     nextn_layers = draft_mode_nextn_layers(draft_base)
     if nextn_layers is not None and nextn_layers <= 0:

@@ -312,3 +312,15 @@ def test_summary_keys_are_spec_summarys_and_empty_when_off():
     summary = summarize(steps, reqs, {"max_total_num_tokens": 64, "max_running_requests": 4, "page_size": 1,
                                       "context_len": 64, "dp_size": 1})
     assert all(summary[k] is None for k in SPECULATIVE_KEYS)
+
+
+def test_the_report_shows_the_speculative_numbers_only_for_a_speculative_run():
+    from poolsim.reports.tables import summary_tables
+
+    titles = lambda s: [g["title"] for g in summary_tables(s)["groups"]]  # noqa: E731
+    base = {"requests": 1, "pools": {}, "speculative_algorithm": "", "speculative_accept_length": None}
+    assert "Speculative decoding" not in titles(base)
+    spec = {**base, "speculative_algorithm": "EAGLE3", "speculative_accept_length": 2.5,
+            "speculative_tokens_per_step": 40.0, "speculative_draft_overhead": 0.2}
+    group = next(g for g in summary_tables(spec)["groups"] if g["title"] == "Speculative decoding")
+    assert [r["raw"] for r in group["rows"]] == ["EAGLE3", "2.5", "40.0", "0.2"]
