@@ -23,7 +23,7 @@ SERVER = ["--model", "llama-3.1-8b", "--gpu", "H100"]
 
 def small_chunks(monkeypatch, rows=7):
     """Many chunks on a short run, so the streamed file is written in pieces."""
-    monkeypatch.setattr(app_run, "Recorder", lambda d, fmt, _: Recorder(d, fmt, rows))
+    monkeypatch.setattr(app_run, "Recorder", lambda d, fmt, _, **kw: Recorder(d, fmt, rows, **kw))
 
 
 def listed(folder):
