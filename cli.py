@@ -1194,7 +1194,8 @@ def validate(
     device: str = DEVICE_OPT, tiny: bool = TINY_OPT, layers: Optional[str] = LAYERS_OPT,
     max_steps: Optional[int] = MAX_STEPS_OPT, budget_s: Optional[float] = BUDGET_OPT,
     triton_steps: int = TRITON_OPT, seed: int = typer.Option(0, "--seed", help="Stand-in weights and routing."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the step table and report here (with "
+                                       "--measured: validation.html, validation.json, steps.csv)."),
     measured: list[Path] = MEASURED_OPT,
     decode_log_interval: int = DECODE_LOG_INTERVAL_OPT,
     as_json: bool = typer.Option(False, "--json", help="With --measured: print one JSON object."),
@@ -1207,7 +1208,7 @@ def validate(
     With --measured: poolsim against a real SGLang server's telemetry (per step, and per bench_serving run)."""
     if measured:
         return _validate_measured(server, measured, decode_log_interval, calibration, as_json, bench_seed,
-                                  dataset_path)
+                                  dataset_path, out)
     if calibration is None:
         _fail(ValueError("--calibration is required (the file to validate), or --measured FILE"))
     rec = _replay(server, trace, fmt, device, tiny, layers, max_steps, budget_s, triton_steps, seed, out,
@@ -1242,29 +1243,44 @@ def _calibrate_measured(server: dict, paths: list[Path], decode_log_interval: in
     typer.echo("\n".join(calibrate_lines(rec, out)))
 
 
-def _validate_measured(server, paths, decode_log_interval, calibration, as_json, bench_seed, dataset_path) -> None:
+def _validate_measured(server, paths, decode_log_interval, calibration, as_json, bench_seed, dataset_path,
+                       out=None) -> None:
     from poolsim.app.server import load_server
+    from poolsim.kernels.calibrate import OutputDir
     from poolsim.pools.errors import PoolError
     from poolsim.telemetry import TelemetryError, load_measured
     from poolsim.telemetry.summary import validate_lines
-    from poolsim.telemetry.validate import validate_runs, validate_steps
+    from poolsim.telemetry import validate as val
 
     try:
+        # checked before any work: a folder holding anything validate does not write is refused
+        outdir = OutputDir(out, val.OUTPUT_FILES, "validate --measured") if out is not None else None
         steps, runs = load_measured(paths, decode_log_interval)
         model, gpu, args, overhead = load_server(server)
-        result = validate_steps(steps, model, gpu, args, calibration=calibration,
-                                runtime_overhead_gib=overhead) if steps else {}
+        result, table = val.validate_steps_table(steps, model, gpu, args, calibration=calibration,
+                                                 runtime_overhead_gib=overhead) if steps else ({}, None)
+        pairs = []
         if runs:
-            result["runs"] = validate_runs(runs, model, gpu, args, calibration=calibration,
-                                           runtime_overhead_gib=overhead, seed=bench_seed, dataset_path=dataset_path)
+            result["runs"], pairs = val.validate_runs_detail(runs, model, gpu, args, calibration=calibration,
+                                                             runtime_overhead_gib=overhead, seed=bench_seed,
+                                                             dataset_path=dataset_path)
+        config = val.page_config(model, gpu, args, calibration=calibration,
+                                 runtime_overhead_gib=overhead) if outdir is not None else None
     except (TelemetryError, ValueError, OSError) as e:
         _fail(e)
     except (RuntimeError, PoolError) as e:
         _fail(RuntimeError(f"the simulated SGLang server fails here as the real one would: {e}"))
+    if outdir is not None:
+        try:
+            val.write_validation(outdir, result, table, pairs, config)
+        except OSError as e:
+            _fail(ValueError(f"--out {out}: {e}"))
     if as_json:
-        typer.echo(json.dumps(result, indent=2, default=str))
+        typer.echo(val.result_json(result))
         return
     typer.echo("\n".join(validate_lines(result)))
+    if outdir is not None:
+        typer.echo(f"wrote {out / 'validation.html'}")
 
 
 @app.command()

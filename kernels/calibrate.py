@@ -403,16 +403,19 @@ def check_memory(estimate: dict[str, int], device: str) -> dict:
 class OutputDir:
     """Files poolsim writes here, each replaced atomically; a folder holding anything else is refused."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, files: tuple[str, ...] = OUTPUT_FILES, writer: str | None = None):
+        """``files``: the names this folder may hold (calibrate's by default); ``writer``: the command that writes
+        them, named when a folder holds anything else (a file another poolsim command wrote is refused too)."""
         self.path = Path(path)
         if self.path.exists():
             if not self.path.is_dir():
                 raise ValueError(f"--out {self.path}: exists and is not a folder")
             # a killed run's half-written ``.NAME.tmp`` is ours too: ``write`` replaces it
-            ours = set(OUTPUT_FILES) | {f".{n}.tmp" for n in OUTPUT_FILES}
+            ours = set(files) | {f".{n}.tmp" for n in files}
             foreign = sorted(p.name for p in self.path.iterdir() if p.name not in ours)
             if foreign:
-                raise ValueError(f"--out {self.path}: holds files poolsim did not write ({', '.join(foreign[:3])}); "
+                who = "poolsim did not write" if writer is None else f"`{writer}` does not write"
+                raise ValueError(f"--out {self.path}: holds files {who} ({', '.join(foreign[:3])}); "
                                  "choose an empty or new folder")
 
     def write(self, name: str, write) -> None:

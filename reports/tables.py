@@ -285,11 +285,12 @@ def _cell(name: str, value) -> dict:
     return {"value": _by_unit(name, value, m.unit), "link": f"#{m.anchor}", "raw": "" if value is None else str(value)}
 
 
-def definitions_for_page() -> list[dict]:
+def definitions_for_page(namespaces: tuple[str, ...] | None = None) -> list[dict]:
+    """METRICS.md's sections for a page's definitions: all, or those of ``namespaces`` (in file order)."""
     return [{"title": s.title, "metrics": [{"anchor": m.anchor, "names": [n.split(".", 1)[1] for n in m.names],
                                             "unit": m.unit, "text": definition_html(m, s.namespace)}
                                            for m in s.metrics]}
-            for s in definitions.load()]
+            for s in definitions.load() if namespaces is None or s.namespace in namespaces]
 
 
 def summary_rows(summary: dict) -> list[tuple[str, object, str]]:

@@ -8,6 +8,9 @@ of rebuilding a batch. Only the causal prefill pair count needs more than the ag
 from __future__ import annotations
 
 KINDS = ("prefill", "decode", "mixed")
+# ``MeasuredStep.to_row``'s keys: the columns of the steps.csv that calibrate --measured and validate --measured write
+ROW_COLUMNS = ("source", "file", "line", "timestamp", "rank", "kind", "num_prefill_reqs", "prefill_tokens",
+               "prefill_prefix_tokens", "num_decode_reqs", "decode_kv_tokens", "cuda_graph", "measured_s", "marks")
 
 
 def prefill_pairs(num_reqs: int, new_tokens: int, prefix_tokens: int, length_var: float) -> float:
@@ -64,11 +67,11 @@ class MeasuredStep:
         return f"{self.path}:{self.line}"
 
     def to_row(self) -> dict:
-        return {"source": self.source, "file": self.path, "line": self.line, "timestamp": self.timestamp,
-                "rank": self.rank, "kind": self.kind, "num_prefill_reqs": self.num_prefill_reqs,
-                "prefill_tokens": self.prefill_tokens, "prefill_prefix_tokens": self.prefill_prefix_tokens,
-                "num_decode_reqs": self.num_decode_reqs, "decode_kv_tokens": self.decode_kv_tokens,
-                "cuda_graph": self.cuda_graph, "measured_s": self.measured_s, "marks": ";".join(self.marks)}
+        """One table row, keyed by ``ROW_COLUMNS``."""
+        return dict(zip(ROW_COLUMNS, (
+            self.source, self.path, self.line, self.timestamp, self.rank, self.kind, self.num_prefill_reqs,
+            self.prefill_tokens, self.prefill_prefix_tokens, self.num_decode_reqs, self.decode_kv_tokens,
+            self.cuda_graph, self.measured_s, ";".join(self.marks))))
 
 
 class StepSource:

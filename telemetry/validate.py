@@ -11,6 +11,7 @@ E2E, signed errors; per request where the details exist.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from poolsim.app.bench_serving import BenchConfig, run_bench
 from poolsim.kernels import calibrate as cal
 from poolsim.sim import step_time
 from poolsim.telemetry.fit import cost_of, error_pct, usable_steps
-from poolsim.telemetry.steps import KINDS
+from poolsim.telemetry.steps import KINDS, ROW_COLUMNS
 from poolsim.traces.bench_serving import DEFAULT_SEED
 from poolsim.traces.request import Request
 
@@ -32,6 +33,11 @@ RUN_METRICS = ("output_throughput", "request_throughput", "total_throughput",
 WORKLOAD_CHECKS = ("total_input_tokens", "total_output_tokens", "completed")  # same workload? (not errors)
 
 
+# what `validate --measured --out DIR` writes (the only names DIR may already hold)
+OUTPUT_FILES = ("validation.html", "validation.json", "steps.csv")
+STEP_TABLE_DROP = ("marks",)  # a usable step has none
+
+
 def coefficients(calibration) -> tuple:
     if calibration:
         return step_time.Coefficients.from_calibration(calibration), step_time.calibration_source(calibration)
@@ -39,6 +45,16 @@ def coefficients(calibration) -> tuple:
 
 
 def validate_steps(sources, model, gpu, args, *, calibration=None, runtime_overhead_gib=None) -> dict:
+    return validate_steps_table(sources, model, gpu, args, calibration=calibration,
+                                runtime_overhead_gib=runtime_overhead_gib)[0]
+
+
+def validate_steps_table(sources, model, gpu, args, *, calibration=None, runtime_overhead_gib=None):
+    """``validate_steps``' result and its per-step table: one row per usable step, in file order, with the step's
+    composition (``MeasuredStep.to_row``), ``measured_s``, ``predicted_s`` and ``error_pct``,
+    ``100 (predicted_s / measured_s - 1)``."""
+    import pandas as pd
+
     cost, plan = cost_of(model, gpu, args, runtime_overhead_gib)
     k, where = coefficients(calibration)
     steps, skipped = usable_steps(sources)
@@ -50,7 +66,7 @@ def validate_steps(sources, model, gpu, args, *, calibration=None, runtime_overh
     out = {"steps": len(steps), "skipped": dict(skipped.counts), "step_time_error_pct": error_pct(pred, meas),
            "by_kind": by_kind, "coefficients": where,
            "files": [{"path": s.path, "format": s.format, "steps": len(s.steps), "usable": len(s.usable()),
-                      "notes": s.notes} for s in sources],
+                      "skipped": dict(usable_steps([s])[1].counts), "notes": s.notes} for s in sources],
            "first_skipped_at": dict(skipped.first)}
     model_ = step_time.AnalyticStepTime(cost, k)
     graphs = [(s, model_.uses_graph(s.prefill_tokens, s.num_prefill_reqs + s.num_decode_reqs)) for s in steps
@@ -63,7 +79,13 @@ def validate_steps(sources, model, gpu, args, *, calibration=None, runtime_overh
     sizes = [_sizes(src.path, entry, plan) for src in sources for entry in getattr(src, "sizes", [])]
     if sizes:
         out["sizes"] = sizes
-    return out
+    table = pd.DataFrame([s.to_row() for s in steps], columns=list(ROW_COLUMNS)).drop(columns=list(STEP_TABLE_DROP))
+    # the one composition field to_row leaves out, and the prediction reads (the causal prefill pairs)
+    table.insert(table.columns.get_loc("prefill_prefix_tokens") + 1, "prefill_len_var",
+                 [s.prefill_len_var for s in steps])
+    table["predicted_s"] = pred
+    table["error_pct"] = 100 * (pred / meas - 1)
+    return out, table
 
 
 def _sizes(path: str, entry: dict, plan) -> dict:
@@ -147,15 +169,24 @@ def _resized(r, n: int, out: int, vocab_size):
 
 def validate_runs(runs, model, gpu, args, *, calibration=None, runtime_overhead_gib=None, seed=None,
                   dataset_path=None) -> list[dict]:
-    out = []
+    return validate_runs_detail(runs, model, gpu, args, calibration=calibration,
+                                runtime_overhead_gib=runtime_overhead_gib, seed=seed, dataset_path=dataset_path)[0]
+
+
+def validate_runs_detail(runs, model, gpu, args, *, calibration=None, runtime_overhead_gib=None, seed=None,
+                         dataset_path=None) -> tuple[list[dict], list[dict | None]]:
+    """``validate_runs``' rows and, per run, the TTFT pairs its per-request comparison used (``measured_s``,
+    ``poolsim_s``: arrays in send order), None for a run without ``--output-details`` or not replayed."""
+    out, pairs = [], []
     for run in runs:
         cfg, assumed = bench_config(run, seed=seed, dataset_path=dataset_path)
         workload = {k: v for k, v in run.workload.items() if not k.endswith("_from")}
         if workload["request_rate"] == math.inf:
             workload["request_rate"] = "inf"  # valid JSON (bench_serving writes Infinity)
         row = {"file": run.path, "line": run.line, "workload": workload, **assumed}
+        out.append(row)
+        pairs.append(None)
         if cfg is None:
-            out.append(row)
             continue
         result, (m,) = run_bench([cfg], model, gpu, args, calibration=str(calibration) if calibration else None,
                                  runtime_overhead_gib=runtime_overhead_gib)
@@ -165,9 +196,10 @@ def validate_runs(runs, model, gpu, args, *, calibration=None, runtime_overhead_
         row["workload_check"] = {name: {"measured": run.measured.get(name), "poolsim": m.get(name)}
                                  for name in WORKLOAD_CHECKS}
         if run.details is not None:
-            row["per_request"] = _per_request(run, result, cfg)
-        out.append(row)
-    return out
+            sim_ttft, meas = _ttft_pairs(run, result, cfg)
+            row["per_request"] = {"requests": len(meas), "ttft_error_pct": error_pct(sim_ttft, meas)}
+            pairs[-1] = {"measured_s": meas, "poolsim_s": sim_ttft}
+    return out, pairs
 
 
 def _compare(measured, predicted) -> dict:
@@ -175,14 +207,47 @@ def _compare(measured, predicted) -> dict:
     return {"measured": measured, "poolsim": predicted, "error_pct": err}
 
 
-def _per_request(run, result, cfg) -> dict:
-    """TTFT per request, measured request i against poolsim's request i (send order)."""
+def _ttft_pairs(run, result, cfg) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT per request (s), poolsim's request i against measured request i (send order); requests the server
+    answered with no first token (TTFT 0) left out."""
     reqs = result.requests.sort_values("rid")
     reqs = reqs[~reqs["aborted"].astype(bool)].iloc[cfg.warmup_requests:]
     sim_ttft = (reqs["first_token_s"] - reqs["arrival_s"]).to_numpy()
     meas = np.array([t for t, good in zip(run.details["ttfts"], run.details["ok"]) if good], dtype=float)
     n = min(len(sim_ttft), len(meas))
     keep = meas[:n] > 0
-    err = error_pct(sim_ttft[:n][keep], meas[:n][keep])
-    return {"requests": int(keep.sum()), "ttft_error_pct": err}
+    return sim_ttft[:n][keep].astype(float), meas[:n][keep]
 
+
+# ------------------------------------------------------------------------------------------ --out DIR
+def result_json(result: dict) -> str:
+    """What ``validate --measured --json`` prints, and ``--out``'s ``validation.json`` holds."""
+    return json.dumps(result, indent=2, default=str)
+
+
+def page_config(model, gpu, args, *, calibration=None, runtime_overhead_gib=None) -> dict:
+    """The page's configuration, in run.json's names: model, GPU, the coefficients' source, flags, memory plan."""
+    from poolsim.pools.sizing.plan import plan_memory
+
+    plan = plan_memory(model, gpu, args, runtime_overhead_gib=runtime_overhead_gib)
+    return {"model": model.name, "gpu": gpu.name, "step_time_model": coefficients(calibration)[1],
+            "server_args": dataclasses.asdict(args), "memory_plan": plan.to_dict()}
+
+
+def write_validation(outdir, result: dict, table, pairs: list, config: dict) -> None:
+    """``outdir`` (kernels.calibrate.OutputDir of ``OUTPUT_FILES``): ``steps.csv`` (the usable steps: composition,
+    ``measured_s``, ``predicted_s``, ``error_pct``; only the header without step sources), ``validation.json`` and
+    ``validation.html``. Everything is rendered before the first file is written; each file is replaced atomically,
+    the page last."""
+    import pandas as pd
+
+    from poolsim.reports.validation import render_validation
+
+    page = render_validation(result, table, pairs, config)
+    if table is None:
+        columns = [c for c in ROW_COLUMNS if c not in STEP_TABLE_DROP]
+        columns.insert(columns.index("prefill_prefix_tokens") + 1, "prefill_len_var")
+        table = pd.DataFrame(columns=[*columns, "predicted_s", "error_pct"])
+    for name, text in (("steps.csv", table.to_csv(index=False)), ("validation.json", result_json(result) + "\n"),
+                       ("validation.html", page)):
+        outdir.write(name, lambda p, text=text: p.write_text(text, encoding="utf-8"))
